@@ -1,0 +1,79 @@
+"""The one typed configuration of the project.
+
+Values come, lowest priority first, from the defaults below, a TOML file named by
+``HYBRID_SEARCH_CONFIG``, environment variables ``HYBRID_SEARCH_<FIELD>`` and finally CLI flags
+(the CLI passes them as keyword arguments).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HYBRID_SEARCH_", extra="forbid", validate_assignment=True)
+
+    # where things are
+    data_dir: Path = Field(Path("../shared/datasets/nfcorpus"), description="BEIR dataset folder")
+    index_dir: Path = Field(Path("indexes/nfcorpus"), description="index directory built by `build`")
+
+    # building
+    encoder: str = Field(DEFAULT_ENCODER, description="sentence-transformers model id or folder")
+    dense_index: Literal["flat", "hnsw"] = Field(
+        "flat", description="flat = exact inner product (right below ~1M docs); hnsw = approximate, for large corpora"
+    )
+    hnsw_m: int = Field(32, ge=4, description="HNSW graph degree")
+    encode_batch_size: int = Field(64, ge=1)
+
+    # retrieval and fusion
+    bm25_k1: float = Field(0.9, gt=0)
+    bm25_b: float = Field(0.4, ge=0, le=1)
+    bm25_depth: int = Field(100, ge=1, description="BM25 candidates fused")
+    dense_depth: int = Field(100, ge=1, description="dense candidates fused")
+    rrf_k: float = Field(60.0, gt=0, description="reciprocal rank fusion constant")
+    bm25_weight: float = Field(1.0, ge=0)
+    dense_weight: float = Field(1.0, ge=0)
+    hnsw_ef_search: int = Field(128, ge=1)
+
+    # reranking
+    rerank: bool = Field(True, description="rerank fused candidates with the cross-encoder")
+    reranker: str | None = Field(None, description="CrossEncoder id or folder; default <index_dir>/reranker")
+    rerank_depth: int = Field(30, ge=1, description="fused candidates the cross-encoder rescores")
+    rerank_batch_size: int = Field(32, ge=1)
+    max_length: int = Field(256, ge=16, le=512, description="cross-encoder tokens per (query, document) pair")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
+
+    # serving
+    host: str = "127.0.0.1"
+    mcp_port: int = Field(8000, ge=0, le=65535, description="MCP + REST port")
+    a2a_port: int = Field(9010, ge=0, le=65535, description="A2A purple agent port")
+    public_url: str | None = Field(None, description="A2A URL advertised in the agent card")
+    query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
+    max_query_chars: int = Field(4000, ge=1)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = os.environ.get("HYBRID_SEARCH_CONFIG")
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        if toml_file:
+            sources += (TomlConfigSettingsSource(settings_cls, toml_file=toml_file),)
+        return sources
+
+    @property
+    def reranker_path(self) -> str:
+        """The configured reranker, or the one `train-reranker` saved into the index directory."""
+        return self.reranker or str(self.index_dir / "reranker")

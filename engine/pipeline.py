@@ -1,0 +1,137 @@
+"""The hybrid engine: BM25 and dense retrieval, reciprocal rank fusion, cross-encoder reranking."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import Settings
+from engine.dense import DenseRetriever
+from engine.fusion import reciprocal_rank_fusion
+from engine.index_dir import BM25_DIR, DENSE_FILE, Manifest, read_docs, read_manifest
+from engine.lucene import BM25Retriever
+from engine.models import load_encoder, pick_device
+from engine.rerank import Reranker, RerankerError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Hit:
+    """One ranked document with what every stage said about it (ranks from 1, None = not found)."""
+
+    doc_id: str
+    score: float
+    title: str
+    text: str
+    fused_score: float
+    bm25_rank: int | None = None
+    bm25_score: float | None = None
+    dense_rank: int | None = None
+    dense_score: float | None = None
+    rerank_score: float | None = None
+
+
+@dataclass
+class StageResult:
+    """Every stage's ranking for one query, for evaluation and latency reports."""
+
+    bm25: list[tuple[str, float]]
+    dense: list[tuple[str, float]]
+    fused: list[tuple[str, float]]
+    reranked: list[tuple[str, float]] | None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class HybridEngine:
+    """Loads an index directory once; ``search`` is thread-safe and deterministic."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        index_dir = Path(settings.index_dir)
+        self.manifest: Manifest = read_manifest(index_dir)
+        self.device = pick_device(settings.device)
+        docs = read_docs(index_dir, self.manifest.documents)
+        self.docs = {doc.doc_id: doc for doc in docs}
+        self.bm25 = BM25Retriever(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b)
+        encoder = load_encoder(self.manifest.encoder, self.device)
+        self.dense = DenseRetriever(index_dir / DENSE_FILE, [d.doc_id for d in docs], encoder, settings.hnsw_ef_search)
+        self.reranker = self._load_reranker()
+
+    def _load_reranker(self) -> Reranker | None:
+        if not self.settings.rerank:
+            return None
+        path = self.settings.reranker_path
+        if self.settings.reranker is None and not Path(path).is_dir():
+            log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
+            return None
+        try:
+            return Reranker(path, self.device, self.settings.max_length, self.settings.rerank_batch_size)
+        except RerankerError as exc:
+            if self.settings.reranker is not None:
+                raise
+            log.warning("%s; serving fused results", exc)
+            return None
+
+    def stages(self, query: str, top_k: int = 10) -> StageResult:
+        """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``."""
+        s = self.settings
+        seconds: dict[str, float] = {}
+        t0 = time.perf_counter()
+        bm25 = self.bm25.search(query, max(s.bm25_depth, top_k))
+        t1 = time.perf_counter()
+        dense = self.dense.search(query, max(s.dense_depth, top_k))
+        t2 = time.perf_counter()
+        fused = reciprocal_rank_fusion(
+            {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense]},
+            k=s.rrf_k,
+            weights={"bm25": s.bm25_weight, "dense": s.dense_weight},
+        )
+        t3 = time.perf_counter()
+        seconds.update(bm25=t1 - t0, dense=t2 - t1, fusion=t3 - t2)
+        reranked = None
+        if self.reranker is not None:
+            head = [doc_id for doc_id, _ in fused[: max(s.rerank_depth, top_k)]]
+            scores = self.reranker.score(query, [self.docs[d].contents for d in head])
+            order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+            reranked = [(head[i], scores[i]) for i in order]
+            seconds["rerank"] = time.perf_counter() - t3
+        seconds["total"] = time.perf_counter() - t0
+        return StageResult(bm25, dense, fused, reranked, seconds)
+
+    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+        """Exactly ``top_k`` unique documents (fewer only if the corpus is smaller), best first."""
+        if not query.strip():
+            raise ValueError("query is empty")
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        result = self.stages(query, top_k)
+        return self.hits(result, top_k)
+
+    def hits(self, result: StageResult, top_k: int) -> list[Hit]:
+        bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
+        dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
+        fused = dict(result.fused)
+        ranking = result.reranked if result.reranked is not None else result.fused
+        hits = []
+        for doc_id, score in ranking[:top_k]:
+            doc = self.docs[doc_id]
+            b_rank, b_score = bm25.get(doc_id, (None, None))
+            d_rank, d_score = dense.get(doc_id, (None, None))
+            hits.append(
+                Hit(
+                    doc_id=doc_id,
+                    score=score,
+                    title=doc.title,
+                    text=doc.text,
+                    fused_score=fused[doc_id],
+                    bm25_rank=b_rank,
+                    bm25_score=b_score,
+                    dense_rank=d_rank,
+                    dense_score=d_score,
+                    rerank_score=score if result.reranked is not None else None,
+                )
+            )
+        return hits

@@ -1,0 +1,43 @@
+"""Cross-encoder reranking with sentence-transformers' ``CrossEncoder``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.models import resolve_model
+
+
+class RerankerError(RuntimeError):
+    """The reranker folder or id cannot be loaded."""
+
+
+class Reranker:
+    """Scores (query, document) pairs jointly; fp16 on CUDA, length-sorted batches."""
+
+    def __init__(self, name: str, device: str, max_length: int = 256, batch_size: int = 32) -> None:
+        from sentence_transformers import CrossEncoder
+
+        source = resolve_model(name)
+        if Path(name).exists() and not (Path(name) / "config.json").is_file():
+            raise RerankerError(f"{name}: not a model folder (no config.json)")
+        try:
+            self.model = CrossEncoder(source, device=device, max_length=max_length, num_labels=1)
+        except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
+            raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
+        if device == "cuda":
+            self.model.half()
+        self.name = name
+        self.device = device
+        self.batch_size = batch_size
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        """One relevance score per passage, in the order given."""
+        if not passages:
+            return []
+        scores = self.model.predict(
+            [(query, p) for p in passages],
+            batch_size=self.batch_size,
+            show_progress_bar=False,
+            convert_to_numpy=True,
+        )
+        return [float(s) for s in scores]

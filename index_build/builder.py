@@ -1,0 +1,119 @@
+"""Build an index directory (BM25 + FAISS + document store + manifest) from a BEIR corpus."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.config import Settings
+from engine.dataset import Dataset, fingerprint, load_dataset
+from engine.dense import build_faiss, encode
+from engine.index_dir import (
+    BM25_DIR,
+    DENSE_FILE,
+    DOCS_FILE,
+    RERANKER_DIR,
+    IndexDirError,
+    Manifest,
+    read_manifest,
+    write_docs,
+)
+from engine.java import start_jvm
+from engine.models import load_encoder, pick_device
+
+log = logging.getLogger(__name__)
+_LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers", "torch", "transformers")
+
+
+def build_index(settings: Settings, dataset: Dataset | None = None, progress: bool = True) -> Manifest:
+    """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
+
+    A reranker trained into an earlier index of the same corpus is carried over.
+    """
+    started = time.perf_counter()
+    dataset = dataset or load_dataset(settings.data_dir)
+    target = Path(settings.index_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    try:
+        docs = list(dataset.corpus.values())
+        _build_bm25(tmp / BM25_DIR, docs, progress)
+        device = pick_device(settings.device)
+        encoder = load_encoder(settings.encoder, device)
+        vectors = encode(encoder, [d.contents for d in docs], settings.encode_batch_size, progress)
+        import faiss
+
+        faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))
+        write_docs(tmp / DOCS_FILE, docs)
+        manifest = Manifest(
+            dataset=str(Path(dataset.root).resolve()),
+            fingerprint=fingerprint(dataset.root),
+            documents=len(docs),
+            encoder=settings.encoder,
+            dimension=int(vectors.shape[1]),
+            dense_index=settings.dense_index,
+            bm25={"k1": settings.bm25_k1, "b": settings.bm25_b},
+            versions=_versions(),
+            build_seconds=round(time.perf_counter() - started, 2),
+            built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            settings={"device": device, "encode_batch_size": settings.encode_batch_size, "hnsw_m": settings.hnsw_m},
+        )
+        _keep_reranker(target, tmp, manifest.fingerprint)
+        manifest.write(tmp)
+        _swap_in(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("built %s: %d documents in %.1f s", target, manifest.documents, manifest.build_seconds)
+    return manifest
+
+
+def _build_bm25(path: Path, docs, progress: bool) -> None:
+    """Title and text in one ``contents`` field, Anserini's default analyzer: BEIR "flat"."""
+    start_jvm()
+    from pyserini.index.lucene import LuceneIndexer
+
+    indexer = LuceneIndexer(str(path), threads=max(1, min(4, os.cpu_count() or 1)))
+    for doc in tqdm(docs, desc="BM25 index", unit="doc", disable=not progress):
+        indexer.add_doc_dict({"id": doc.doc_id, "contents": doc.contents})
+    indexer.close()
+
+
+def _keep_reranker(old: Path, new: Path, corpus_fingerprint: str) -> None:
+    if not (old / RERANKER_DIR).is_dir():
+        return
+    try:
+        same_corpus = read_manifest(old).fingerprint == corpus_fingerprint
+    except IndexDirError:
+        same_corpus = False
+    if same_corpus:
+        shutil.copytree(old / RERANKER_DIR, new / RERANKER_DIR)
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Rename the finished build over the target; the old index lives until the rename."""
+    if target.exists():
+        retired = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.rename(target, retired)
+        os.rename(tmp, target)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in _LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found

@@ -1,0 +1,166 @@
+"""``hybrid-search``: build, search, evaluate, train and serve from one entry point."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from engine.config import Settings
+from engine.dataset import DatasetError
+from engine.index_dir import IndexDirError
+from engine.rerank import RerankerError
+
+log = logging.getLogger("hybrid_search")
+
+EPILOG = """examples:
+  hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus
+  hybrid-search search "does vitamin D prevent falls?" --top-k 5
+  hybrid-search evaluate --split dev
+  hybrid-search train-reranker --max-steps 400
+  hybrid-search serve --index-dir indexes/nfcorpus
+
+Every option also reads HYBRID_SEARCH_<OPTION> (e.g. HYBRID_SEARCH_RERANK_DEPTH=50) and a TOML
+file named by --config or HYBRID_SEARCH_CONFIG; flags win over both."""
+
+
+def _paths(p: argparse.ArgumentParser, data: bool = False) -> None:
+    p.add_argument("--index-dir", type=Path, help="index directory (default indexes/nfcorpus)")
+    if data:
+        p.add_argument("--data", dest="data_dir", type=Path, help="BEIR dataset folder (default ../shared/datasets/nfcorpus)")
+
+
+def _device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where models run (default auto: CUDA if present)")
+
+
+def _search_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("retrieval, fusion and reranking")
+    g.add_argument("--bm25-depth", type=int, help="BM25 candidates to fuse (default 100)")
+    g.add_argument("--dense-depth", type=int, help="dense candidates to fuse (default 100)")
+    g.add_argument("--rrf-k", type=float, help="RRF constant k (default 60)")
+    g.add_argument("--bm25-weight", type=float, help="BM25 weight in RRF (default 1.0)")
+    g.add_argument("--dense-weight", type=float, help="dense weight in RRF (default 1.0)")
+    g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
+    g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 30)")
+    g.add_argument("--max-length", type=int, help="cross-encoder tokens per pair (default 256)")
+    g.add_argument("--no-rerank", dest="rerank", action="store_false", default=None, help="serve fused results")
+    _device(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybrid-search",
+        description="Hybrid BM25 + dense retrieval with reciprocal rank fusion and cross-encoder reranking.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, help="TOML file with settings (keys as the option names, _ for -)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("build", help="build the BM25 and dense indexes from a BEIR corpus")
+    _paths(p, data=True)
+    p.add_argument("--encoder", help="sentence-transformers id or folder (default all-MiniLM-L6-v2, offline copy)")
+    p.add_argument("--dense-index", choices=["flat", "hnsw"], help="flat: exact (default); hnsw: for >1M docs")
+    _device(p)
+
+    p = sub.add_parser("search", help="search the index and print a table of hits")
+    p.add_argument("query", help="the question, in plain words")
+    p.add_argument("--top-k", type=int, default=5, help="hits to show (default 5)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _paths(p)
+    _search_options(p)
+
+    p = sub.add_parser("evaluate", help="quality of every stage on a split's judgments, or of a running agent")
+    _paths(p, data=True)
+    p.add_argument("--split", default="dev", help="judgments to score against (default dev)")
+    p.add_argument("--limit", type=int, help="score only the first N judged queries")
+    p.add_argument("--output", type=Path, help="folder for run files and summary (default benchmarks/results/eval-<split>)")
+    g = p.add_argument_group("scoring a running A2A agent, as the benchmark's evaluator does")
+    g.add_argument("--agent-url", help="A2A agent base URL, e.g. http://127.0.0.1:9010")
+    g.add_argument("--num-queries", type=int, default=100, help="queries sampled (default 100)")
+    g.add_argument("--seed", type=int, default=42, help="sampling seed (default 42)")
+    g.add_argument("--top-k", type=int, default=5, help="documents asked for (default 5)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds per query (default 60)")
+    _search_options(p)
+
+    p = sub.add_parser("train-reranker", help="fine-tune the project's cross-encoder on the train judgments")
+    _paths(p, data=True)
+    p.add_argument("--base", help="model to start from (default the offline all-MiniLM-L6-v2)")
+    p.add_argument("--split", default=None, help="training judgments (default train.graded if present, else train)")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: one pass over the queries)")
+    p.add_argument("--queries", type=int, default=None, help="sample this many training queries")
+    p.add_argument("--batch-queries", type=int, default=8, help="queries per step (default 8)")
+    p.add_argument("--group-size", type=int, default=8, help="1 positive + N-1 hard negatives per query (default 8)")
+    p.add_argument("--lr", type=float, default=3e-5, help="learning rate (default 3e-5)")
+    p.add_argument("--eval-every", type=int, default=None, help="steps between dev checkpoints (default: 4 per run)")
+    p.add_argument("--eval-queries", type=int, default=None, help="dev queries per checkpoint (default all)")
+    p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--max-length", type=int, help="tokens per pair (default 256)")
+    _device(p)
+
+    p = sub.add_parser("serve", help="serve MCP + REST (port 8000) and the A2A agent (port 9010)")
+    _paths(p)
+    p.add_argument("--host", help="interface to bind (default 127.0.0.1; 0.0.0.0 in containers)")
+    p.add_argument("--mcp-port", type=int, help="MCP + REST port (default 8000)")
+    p.add_argument("--a2a-port", type=int, help="A2A agent port (default 9010)")
+    p.add_argument("--no-mcp", action="store_true", help="serve only the A2A agent")
+    p.add_argument("--no-a2a", action="store_true", help="serve only MCP + REST")
+    p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
+    p.add_argument("--public-url", help="A2A URL advertised in the agent card (default http://HOST:PORT)")
+    p.add_argument("--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)")
+    _search_options(p)
+
+    p = sub.add_parser("mcp-stdio", help="serve the MCP tool over stdio, for hosts that launch tools")
+    _paths(p)
+    _search_options(p)
+    return parser
+
+
+_SETTING_KEYS = set(Settings.model_fields)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if k in _SETTING_KEYS and v is not None}
+    return Settings(**overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.config:
+        if not args.config.is_file():
+            return _fail(f"--config {args.config}: file not found")
+        os.environ["HYBRID_SEARCH_CONFIG"] = str(args.config)
+    try:
+        settings = settings_from(args)
+        from serving import commands
+
+        return getattr(commands, args.command.replace("-", "_"))(settings, args)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _fail(f"invalid settings: {problems}")
+    except (DatasetError, IndexDirError, RerankerError, ValueError, RuntimeError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(message: str) -> int:
+    print(f"hybrid-search: error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""What each ``hybrid-search`` subcommand does; the parser lives in :mod:`serving.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.config import Settings
+
+console = Console()
+
+
+def build(settings: Settings, args: argparse.Namespace) -> int:
+    from index_build.builder import build_index
+
+    manifest = build_index(settings)
+    console.print(
+        f"built [bold]{settings.index_dir}[/]: {manifest.documents} documents, "
+        f"encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {manifest.build_seconds:.0f} s"
+    )
+    return 0
+
+
+def search(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.pipeline import HybridEngine
+
+    _check_top_k(args.top_k)
+    engine = HybridEngine(settings)
+    started = time.perf_counter()
+    hits = engine.search(args.query, args.top_k)
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps([hit.__dict__ for hit in hits], indent=2))
+        return 0
+    table = Table(title=f"{args.query!r}: {len(hits)} hits in {elapsed * 1000:.0f} ms")
+    for column in ("rank", "doc id", "score", "fused", "BM25 rank", "dense rank", "rerank", "title"):
+        table.add_column(column, overflow="fold", justify="right" if column != "title" else "left")
+    for rank, hit in enumerate(hits, start=1):
+        table.add_row(
+            str(rank),
+            hit.doc_id,
+            f"{hit.score:.4f}",
+            f"{hit.fused_score:.4f}",
+            _opt(hit.bm25_rank),
+            _opt(hit.dense_rank),
+            "-" if hit.rerank_score is None else f"{hit.rerank_score:.3f}",
+            hit.title or hit.text[:80],
+        )
+    console.print(table)
+    if engine.reranker is None:
+        console.print("[yellow]no reranker: fused order shown[/]")
+    return 0
+
+
+def evaluate(settings: Settings, args: argparse.Namespace) -> int:
+    from engine.dataset import load_dataset
+
+    dataset = load_dataset(settings.data_dir)
+    if args.agent_url:
+        from benchmarks.agent_eval import evaluate_agent
+
+        _check_top_k(args.top_k)
+        report = evaluate_agent(
+            args.agent_url, dataset, args.split, args.num_queries, args.seed, args.top_k, args.timeout
+        )
+        console.print_json(json.dumps(report))
+        return 0 if report["failures"] == 0 else 1
+    from engine.evaluation import evaluate_run, stage_runs, write_summary, write_trec_run
+    from engine.pipeline import HybridEngine
+
+    qrels = dataset.qrels(args.split)
+    queries = dataset.split_queries(args.split)
+    if args.limit:
+        queries = dict(list(queries.items())[: args.limit])
+    engine = HybridEngine(settings)
+    runs = stage_runs(engine, queries)
+    report = {stage: evaluate_run(qrels, run) for stage, run in runs.items()}
+    out = args.output or Path("benchmarks/results") / f"eval-{args.split}"
+    out.mkdir(parents=True, exist_ok=True)
+    for stage, run in runs.items():
+        write_trec_run(out / f"run.{stage}.trec", run, stage)
+    write_summary(
+        out / "summary.json",
+        {"split": args.split, "index": str(settings.index_dir), "settings": _search_settings(settings), "stages": report},
+    )
+    table = Table(title=f"{args.split}: {len(queries)} queries")
+    columns = ["nDCG@5", "nDCG@10", "Recall@100", "MRR@10", "in-list NDCG@5"]
+    table.add_column("stage")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for stage, metrics in report.items():
+        table.add_row(stage, *(f"{metrics[c]:.4f}" for c in columns))
+    console.print(table)
+    console.print(f"runs and summary in {out}")
+    return 0
+
+
+def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
+    from index_build.train_reranker import TrainOptions, train
+
+    options = TrainOptions(
+        base=args.base or settings.encoder,
+        split=args.split,
+        max_steps=args.max_steps,
+        queries=args.queries,
+        batch_queries=args.batch_queries,
+        group_size=args.group_size,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        eval_queries=args.eval_queries,
+        seed=args.seed,
+    )
+    card = train(settings, options)
+    console.print_json(json.dumps(card))
+    return 0
+
+
+def serve(settings: Settings, args: argparse.Namespace) -> int:
+    from serving.app import run_servers
+
+    if args.no_mcp and args.no_a2a:
+        raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
+    run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url)
+    return 0
+
+
+def mcp_stdio(settings: Settings, args: argparse.Namespace) -> int:
+    from serving.mcp_tool import run_stdio
+
+    run_stdio(settings)
+    return 0
+
+
+def _check_top_k(top_k: int) -> None:
+    if not 1 <= top_k <= 100:
+        raise ValueError(f"--top-k must be between 1 and 100, got {top_k}")
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _search_settings(settings: Settings) -> dict:
+    keys = ("bm25_depth", "dense_depth", "rrf_k", "bm25_weight", "dense_weight", "rerank", "rerank_depth", "max_length")
+    return {k: getattr(settings, k) for k in keys} | {"reranker": settings.reranker_path if settings.rerank else None}
