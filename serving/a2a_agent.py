@@ -1,0 +1,170 @@
+"""The A2A "purple agent": a message ``{"query": ..., "top_k": 5}`` in, ``{"doc_ids": [...]}`` out.
+
+Built on the official a2a-sdk (protocol 1.0) with its v0.3 compatibility switched on, because the
+benchmark's evaluator speaks 0.3. The reply is exactly one artifact with exactly one data part and
+no text anywhere: the evaluator joins every part it sees and parses the result as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Protocol
+
+from a2a.helpers.proto_helpers import (
+    get_data_parts,
+    get_text_parts,
+    new_data_part,
+    new_task_from_user_message,
+    new_text_part,
+)
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part
+from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
+from starlette.applications import Starlette
+
+from serving.search_service import BadRequest, QueryTimeout, SearchRequest, SearchService
+
+log = logging.getLogger(__name__)
+SKILL_ID = "nfcorpus_retrieval"
+
+
+class DocSearch(Protocol):
+    """Where the agent's searches go: the in-process engine or a remote MCP tool."""
+
+    async def doc_ids(self, request: SearchRequest) -> list[str]: ...
+
+
+class EngineSearch:
+    def __init__(self, service: SearchService) -> None:
+        self.service = service
+
+    async def doc_ids(self, request: SearchRequest) -> list[str]:
+        return [hit.doc_id for hit in await self.service.search(request, door="a2a")]
+
+
+class McpSearch:
+    """Calls ``search_nfcorpus`` on any MCP server through the official client."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def doc_ids(self, request: SearchRequest) -> list[str]:
+        from mcp import Client
+
+        async with Client(self.url) as client:
+            result = await client.call_tool("search_nfcorpus", {"query": request.query, "top_k": request.top_k})
+        if result.is_error:
+            message = " ".join(getattr(c, "text", "") for c in result.content).strip()
+            raise BadRequest(f"MCP tool failed: {message or 'no message'}")
+        results = (result.structured_content or {}).get("results", [])
+        return _unique([r["doc_id"] for r in results])[: request.top_k]
+
+
+def _unique(ids: list[str]) -> list[str]:
+    return list(dict.fromkeys(ids))
+
+
+def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
+    """A data part with the keys, or a text part holding the JSON; nothing else is guessed at."""
+    data = get_data_parts(parts)
+    if data:
+        return SearchRequest.parse(data[0], max_chars)
+    text = "".join(get_text_parts(parts)).strip()
+    if not text:
+        raise BadRequest('send a text part with JSON like {"query": "...", "top_k": 5}')
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError:
+        raise BadRequest('message text is not JSON; send {"query": "...", "top_k": 5}') from None
+    return SearchRequest.parse(payload, max_chars)
+
+
+class RetrievalExecutor(AgentExecutor):
+    def __init__(self, search: DocSearch, max_chars: int, timeout_s: float) -> None:
+        self.search = search
+        self.max_chars = max_chars
+        self.timeout_s = timeout_s
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task
+        if task is None:
+            task = new_task_from_user_message(context.message)
+            await event_queue.enqueue_event(task)
+        updater = TaskUpdater(event_queue, task.id, task.context_id)
+        try:
+            request = parse_message(list(context.message.parts), self.max_chars)
+            doc_ids = await asyncio.wait_for(self.search.doc_ids(request), timeout=self.timeout_s)
+        except (BadRequest, QueryTimeout) as exc:
+            await self._fail(updater, str(exc))
+            return
+        except TimeoutError:
+            await self._fail(updater, f"query took longer than {self.timeout_s:g} s")
+            return
+        except Exception as exc:  # a broken backend must fail the task, not the server
+            log.exception("search failed")
+            await self._fail(updater, f"search failed: {exc}")
+            return
+        await updater.add_artifact([new_data_part({"doc_ids": doc_ids})], name="doc_ids")
+        await updater.complete()
+
+    async def _fail(self, updater: TaskUpdater, message: str) -> None:
+        await updater.failed(updater.new_agent_message([new_text_part(message)]))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task
+        if task is not None:
+            await TaskUpdater(event_queue, task.id, task.context_id).cancel()
+
+
+def agent_card(url: str) -> AgentCard:
+    """The card, with a 1.0 and a 0.3 interface so both generations of clients accept it."""
+    example = json.dumps({"query": "does vitamin D prevent falls in older adults?", "top_k": 5})
+    return AgentCard(
+        name="hybrid-search NFCorpus retriever",
+        description="Retrieves NFCorpus medical abstracts for a plain-English query: BM25 + dense "
+        "retrieval, reciprocal rank fusion and cross-encoder reranking. Replies with ranked doc ids.",
+        version="0.1.0",
+        supported_interfaces=[
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_0_3),
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_1_0),
+        ],
+        capabilities=AgentCapabilities(streaming=False, push_notifications=False),
+        default_input_modes=["text/plain", "application/json"],
+        default_output_modes=["application/json"],
+        skills=[
+            AgentSkill(
+                id=SKILL_ID,
+                name="NFCorpus retrieval",
+                description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
+                '(or a data part with those keys). Output: one artifact with one data part '
+                '{"doc_ids": [...]} holding top_k ranked, unique NFCorpus document ids.',
+                tags=["retrieval", "search", "nfcorpus", "medical"],
+                examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
+                input_modes=["text/plain", "application/json"],
+                output_modes=["application/json"],
+            )
+        ],
+    )
+
+
+def build_a2a_app(search: DocSearch, url: str, max_chars: int, timeout_s: float) -> Starlette:
+    """JSON-RPC at ``/`` (1.0 and 0.3), the card at the well-known path and at ``/``."""
+    card = agent_card(url)
+    handler = DefaultRequestHandler(
+        agent_executor=RetrievalExecutor(search, max_chars, timeout_s),
+        task_store=InMemoryTaskStore(),
+        agent_card=card,
+    )
+    routes = [
+        *create_agent_card_routes(card),
+        *create_agent_card_routes(card, card_url="/"),
+        *create_agent_card_routes(card, card_url="/.well-known/agent.json"),
+        *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
+    ]
+    return Starlette(routes=routes)

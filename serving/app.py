@@ -1,0 +1,100 @@
+"""``hybrid-search serve``: MCP + REST and the A2A agent, two ports, one process, one engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine.config import Settings
+from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
+from serving.mcp_tool import build_mcp_server
+from serving.search_service import SearchService
+
+log = logging.getLogger(__name__)
+
+
+class RequestLog:
+    """Tags each HTTP request with an id (the caller's ``X-Request-ID`` or a new one) and logs it."""
+
+    def __init__(self, app: ASGIApp, door: str) -> None:
+        self.app = app
+        self.door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex[:12]
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", []).append((b"x-request-id", rid.encode("latin-1")))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            log.info(
+                "[%s] %s %s %s -> %d in %.1f ms",
+                rid, self.door, scope["method"], scope["path"], status, (time.perf_counter() - started) * 1000,
+            )
+
+
+def build_apps(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None):
+    """The ASGI apps to serve, with the engine loaded now so no request pays for loading."""
+    service = SearchService(settings) if (mcp or mcp_url is None) else None
+    apps = {}
+    if mcp:
+        server = build_mcp_server(service)
+        apps["mcp"] = (server.streamable_http_app(host=settings.host), settings.mcp_port)
+    if a2a:
+        url = settings.public_url or f"http://{_display_host(settings.host)}:{settings.a2a_port}/"
+        search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
+        apps["a2a"] = (
+            build_a2a_app(search, url, settings.max_query_chars, settings.query_timeout_s),
+            settings.a2a_port,
+        )
+    return service, apps
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def run_servers(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None) -> None:
+    """Serve until Ctrl-C or SIGTERM; uvicorn drains open requests before it stops."""
+    service, apps = build_apps(settings, mcp, a2a, mcp_url)
+    servers = [
+        uvicorn.Server(
+            uvicorn.Config(RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False)
+        )
+        for door, (app, port) in apps.items()
+    ]
+    for door, (_, port) in apps.items():
+        log.info("%s listening on http://%s:%d", door, _display_host(settings.host), port)
+    try:
+        asyncio.run(_serve_all(servers))
+    finally:
+        if service is not None:
+            service.close()
+
+
+async def _serve_all(servers: list[uvicorn.Server]) -> None:
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:  # one stopped (signal or failed bind): stop the others too
+        server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        if task.exception():
+            raise task.exception()

@@ -1,0 +1,106 @@
+"""The engine as every front door sees it: validated, asynchronous, time-limited and measured."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engine.config import Settings
+from engine.pipeline import Hit, HybridEngine
+
+log = logging.getLogger(__name__)
+MAX_TOP_K = 100
+
+
+class BadRequest(ValueError):
+    """The caller's input is wrong; the message says how."""
+
+
+class QueryTimeout(TimeoutError):
+    """The query ran past the configured limit."""
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    query: str
+    top_k: int = 5
+
+    @classmethod
+    def parse(cls, payload: object, max_chars: int) -> SearchRequest:
+        """Validate ``{"query": str, "top_k": int}`` from any front door."""
+        if not isinstance(payload, dict):
+            raise BadRequest('expected a JSON object like {"query": "...", "top_k": 5}')
+        query = payload.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise BadRequest("'query' must be a non-empty string")
+        if len(query) > max_chars:
+            raise BadRequest(f"'query' is {len(query)} characters; the limit is {max_chars}")
+        top_k = payload.get("top_k", 5)
+        if isinstance(top_k, float) and top_k.is_integer():  # JSON numbers may arrive as 5.0
+            top_k = int(top_k)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+            raise BadRequest(f"'top_k' must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+        return cls(query.strip(), top_k)
+
+
+class SearchService:
+    """One loaded engine shared by all requests; CPU and GPU work runs off the event loop."""
+
+    def __init__(self, settings: Settings, engine: HybridEngine | None = None, workers: int = 4) -> None:
+        self.settings = settings
+        started = time.perf_counter()
+        self.engine = engine or HybridEngine(settings)
+        self.load_seconds = time.perf_counter() - started
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
+        self.registry = CollectorRegistry()
+        self.requests = Counter("search_requests", "Searches by front door", ["door"], registry=self.registry)
+        self.errors = Counter("search_errors", "Failed searches by kind", ["door", "kind"], registry=self.registry)
+        self.latency = Histogram(
+            "search_stage_seconds",
+            "Seconds per pipeline stage",
+            ["stage"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+
+    async def search(self, request: SearchRequest, door: str) -> list[Hit]:
+        """Search within the time limit; errors are counted and re-raised for the door to phrase."""
+        self.requests.labels(door).inc()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, self._timed_search, request)
+        try:
+            return await asyncio.wait_for(future, timeout=self.settings.query_timeout_s)
+        except TimeoutError:
+            self.errors.labels(door, "timeout").inc()
+            raise QueryTimeout(f"query took longer than {self.settings.query_timeout_s:g} s") from None
+        except Exception:
+            self.errors.labels(door, "internal").inc()
+            raise
+
+    def _timed_search(self, request: SearchRequest) -> list[Hit]:
+        result = self.engine.stages(request.query, request.top_k)
+        for stage, seconds in result.seconds.items():
+            self.latency.labels(stage).observe(seconds)
+        return self.engine.hits(result, request.top_k)
+
+    def health(self) -> dict:
+        engine = self.engine
+        return {
+            "status": "ok",
+            "index_loaded": True,
+            "index_dir": str(self.settings.index_dir),
+            "documents": engine.manifest.documents,
+            "device": engine.device,
+            "encoder": engine.manifest.encoder,
+            "reranker": engine.reranker.name if engine.reranker else None,
+            "rerank_depth": self.settings.rerank_depth if engine.reranker else 0,
+            "load_seconds": round(self.load_seconds, 2),
+        }
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
