@@ -31,6 +31,18 @@ def in_list_ndcg(grades: Sequence[int], k: int = 5) -> float:
     return float(ndcg_score([list(grades)], [predicted], k=k))
 
 
+def sample_queries(queries: Mapping[str, str], n: int | None, seed: int) -> dict[str, str]:
+    """``random.seed(seed); random.sample(queries, n)`` over (id, text) pairs in file order, as the
+    benchmark's evaluator samples; ``n=None`` keeps them all."""
+    import random
+
+    items = list(queries.items())
+    if n is None or n >= len(items):
+        return dict(items)
+    random.seed(seed)
+    return dict(random.sample(items, n))
+
+
 def evaluate_run(qrels: Qrels, run: Run) -> dict[str, float]:
     """Mean nDCG@5, nDCG@10, Recall@100, MRR@10 and in-list NDCG@5 over the judged queries in ``run``."""
     import pytrec_eval

@@ -131,8 +131,8 @@ def agent_card(url: str) -> AgentCard:
         "retrieval, reciprocal rank fusion and cross-encoder reranking. Replies with ranked doc ids.",
         version="0.1.0",
         supported_interfaces=[
-            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_0_3),
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_1_0),
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_0_3),
         ],
         capabilities=AgentCapabilities(streaming=False, push_notifications=False),
         default_input_modes=["text/plain", "application/json"],

@@ -79,12 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="quality of every stage on a split's judgments, or of a running agent")
     _paths(p, data=True)
     p.add_argument("--split", default="dev", help="judgments to score against (default dev)")
-    p.add_argument("--limit", type=int, help="score only the first N judged queries")
+    p.add_argument("--num-queries", type=int, help="sample N judged queries (default: all; 100 with --agent-url)")
+    p.add_argument("--seed", type=int, default=42, help="sampling seed, as the evaluator's (default 42)")
     p.add_argument("--output", type=Path, help="folder for run files and summary (default benchmarks/results/eval-<split>)")
     g = p.add_argument_group("scoring a running A2A agent, as the benchmark's evaluator does")
     g.add_argument("--agent-url", help="A2A agent base URL, e.g. http://127.0.0.1:9010")
-    g.add_argument("--num-queries", type=int, default=100, help="queries sampled (default 100)")
-    g.add_argument("--seed", type=int, default=42, help="sampling seed (default 42)")
     g.add_argument("--top-k", type=int, default=5, help="documents asked for (default 5)")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds per query (default 60)")
     _search_options(p)
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss"):
+    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "a2a", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.config:
         if not args.config.is_file():

@@ -38,8 +38,9 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps([hit.__dict__ for hit in hits], indent=2))
         return 0
     table = Table(title=f"{args.query!r}: {len(hits)} hits in {elapsed * 1000:.0f} ms")
-    for column in ("rank", "doc id", "score", "fused", "BM25 rank", "dense rank", "rerank", "title"):
-        table.add_column(column, overflow="fold", justify="right" if column != "title" else "left")
+    for column in ("rank", "doc id", "score", "fused", "BM25 rank", "dense rank", "rerank"):
+        table.add_column(column, no_wrap=True, justify="right")
+    table.add_column("title", overflow="fold", ratio=1)
     for rank, hit in enumerate(hits, start=1):
         table.add_row(
             str(rank),
@@ -66,17 +67,15 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
 
         _check_top_k(args.top_k)
         report = evaluate_agent(
-            args.agent_url, dataset, args.split, args.num_queries, args.seed, args.top_k, args.timeout
+            args.agent_url, dataset, args.split, args.num_queries or 100, args.seed, args.top_k, args.timeout
         )
         console.print_json(json.dumps(report))
         return 0 if report["failures"] == 0 else 1
-    from engine.evaluation import evaluate_run, stage_runs, write_summary, write_trec_run
+    from engine.evaluation import evaluate_run, sample_queries, stage_runs, write_summary, write_trec_run
     from engine.pipeline import HybridEngine
 
     qrels = dataset.qrels(args.split)
-    queries = dataset.split_queries(args.split)
-    if args.limit:
-        queries = dict(list(queries.items())[: args.limit])
+    queries = sample_queries(dataset.split_queries(args.split), args.num_queries, args.seed)
     engine = HybridEngine(settings)
     runs = stage_runs(engine, queries)
     report = {stage: evaluate_run(qrels, run) for stage, run in runs.items()}

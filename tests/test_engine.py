@@ -1,0 +1,89 @@
+import json
+import shutil
+
+import pytest
+
+from engine.config import Settings
+from engine.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
+from engine.pipeline import HybridEngine
+from engine.rerank import Reranker, RerankerError
+
+
+def test_manifest_records_the_build(index_dir, beir_dir):
+    manifest = read_manifest(index_dir)
+    assert manifest.documents == 32 and manifest.dimension == 384
+    assert manifest.bm25 == {"k1": 0.9, "b": 0.4}
+    assert {"pyserini", "faiss-cpu", "torch"} <= set(manifest.versions)
+    assert manifest.dataset == str(beir_dir.resolve())
+    assert not [p for p in index_dir.parent.iterdir() if p.name.startswith(".tiny.building")]
+
+
+def test_bm25_ranks_the_document_with_the_rare_term_first(engine):
+    hits = engine.bm25.search("markerarsenic2 rice", 5)
+    assert hits[0][0] == "D-arsenic-2"
+    assert hits[0][1] > hits[1][1]
+
+
+def test_dense_finds_the_topic(engine):
+    top = [d for d, _ in engine.dense.search("caffeine and the liver", 4)]
+    assert sum(d.startswith("D-coffee") for d in top) >= 3
+
+
+def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
+    for k in (1, 5, 32):
+        hits = engine.search("cancer risk", k)
+        assert len(hits) == k and len({h.doc_id for h in hits}) == k
+    assert len(engine.search("cancer risk", 100)) == 32  # corpus is smaller
+    first = [(h.doc_id, h.score) for h in engine.search("soy and men", 10)]
+    assert first == [(h.doc_id, h.score) for h in engine.search("soy and men", 10)]
+    hits = {h.doc_id: h for h in engine.search("markersoy1 isoflavones", 3)}
+    assert hits["D-soy-1"].bm25_rank == 1 and hits["D-soy-1"].title == "Soy report 1"
+    assert hits["D-soy-1"].dense_rank is not None and hits["D-soy-1"].fused_score > 0
+    with pytest.raises(ValueError, match="empty"):
+        engine.search("   ", 5)
+
+
+def test_reranker_order_is_respected(index_dir, minilm_path):
+    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=minilm_path, rerank_depth=6))
+    result = engine.stages("coffee and liver enzymes", top_k=6)
+    head = [d for d, _ in result.fused[:6]]
+    assert sorted(d for d, _ in result.reranked) == sorted(head)
+    direct = engine.reranker.score("coffee and liver enzymes", [engine.docs[d].contents for d in head])
+    expected = [d for _, d in sorted(zip(direct, head), key=lambda p: -p[0])]
+    assert [d for d, _ in result.reranked] == expected
+    hits = engine.hits(result, 6)
+    assert [h.doc_id for h in hits] == expected
+    assert all(h.rerank_score == h.score for h in hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_missing_default_reranker_serves_fused_results(engine, caplog):
+    assert engine.reranker is None
+
+
+def test_broken_reranker_folder_is_a_clear_error(index_dir, tmp_path):
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(RerankerError, match="not a model folder"):
+        Reranker(str(tmp_path / "junk"), "cpu")
+    with pytest.raises(RerankerError, match="not a model folder"):
+        HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=str(tmp_path / "junk")))
+
+
+def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
+    with pytest.raises(IndexDirError, match="run `hybrid-search build` first"):
+        read_manifest(tmp_path / "none")
+    broken = tmp_path / "broken"
+    shutil.copytree(index_dir, broken)
+    (broken / "dense.faiss").unlink()
+    with pytest.raises(IndexDirError, match="dense.faiss is missing"):
+        HybridEngine(Settings(index_dir=broken, device="cpu"))
+    (broken / MANIFEST_FILE).unlink()
+    with pytest.raises(IndexDirError, match="build did not finish"):
+        HybridEngine(Settings(index_dir=broken, device="cpu"))
+    odd = tmp_path / "odd"
+    shutil.copytree(index_dir, odd)
+    manifest = json.loads((odd / MANIFEST_FILE).read_text())
+    manifest["documents"] = 31
+    (odd / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(IndexDirError, match="manifest says 31"):
+        HybridEngine(Settings(index_dir=odd, device="cpu"))

@@ -1,0 +1,58 @@
+import pytest
+
+from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
+from engine.fusion import reciprocal_rank_fusion
+
+
+def test_rrf_matches_hand_computation():
+    fused = reciprocal_rank_fusion({"bm25": ["a", "b", "c"], "dense": ["c", "a", "d"]}, k=60)
+    # a: 1/61 + 1/62, c: 1/63 + 1/61, b: 1/62, d: 1/63
+    assert [d for d, _ in fused] == ["a", "c", "b", "d"]
+    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 62)
+    assert fused[1][1] == pytest.approx(1 / 63 + 1 / 61)
+
+
+def test_rrf_weights_and_deterministic_ties():
+    fused = reciprocal_rank_fusion({"bm25": ["a", "b"], "dense": ["b", "a"]}, k=1, weights={"bm25": 2.0})
+    assert [d for d, _ in fused] == ["a", "b"]  # a: 2/2 + 1/3, b: 2/3 + 1/2
+    tied = reciprocal_rank_fusion({"x": ["q", "p"], "y": ["p", "q"]}, k=60)
+    assert [d for d, _ in tied] == ["p", "q"]  # equal scores and best ranks: by id
+
+
+def test_in_list_ndcg_hand_computed():
+    import math
+
+    assert in_list_ndcg([2, 1, 0, 0, 0]) == pytest.approx(1.0)
+    assert in_list_ndcg([0, 0, 0, 0, 0]) == 0.0
+    # grades [0, 2, 1]: DCG = 2/log2(3) + 1/log2(4); ideal [2, 1, 0]: 2/log2(2) + 1/log2(3)
+    expected = (2 / math.log2(3) + 1 / 2) / (2 + 1 / math.log2(3))
+    assert in_list_ndcg([0, 2, 1]) == pytest.approx(expected)
+    assert in_list_ndcg([1]) == 1.0 and in_list_ndcg([]) == 0.0
+
+
+def test_standard_metrics_hand_computed():
+    import math
+
+    qrels = {"q": {"a": 2, "b": 1, "z": 1}}
+    report = evaluate_run(qrels, {"q": ["b", "x", "a"]})
+    dcg = 1 / math.log2(2) + 2 / math.log2(4)
+    ideal = 2 / math.log2(2) + 1 / math.log2(3) + 1 / math.log2(4)
+    assert report["nDCG@5"] == pytest.approx(dcg / ideal, abs=1e-4)
+    assert report["Recall@100"] == pytest.approx(2 / 3, abs=1e-4)
+    assert report["MRR@10"] == pytest.approx(1.0)
+    assert report["in-list NDCG@5"] == pytest.approx(in_list_ndcg([1, 0, 2]))
+
+
+def test_mrr_is_cut_at_10():
+    run = {"q": [f"n{i}" for i in range(10)] + ["a"]}
+    assert evaluate_run({"q": {"a": 1}}, run)["MRR@10"] == 0.0
+
+
+def test_sampling_is_the_evaluators():
+    import random
+
+    queries = {f"q{i}": f"text {i}" for i in range(50)}
+    random.seed(7)
+    expected = random.sample(list(queries.items()), 5)
+    assert list(sample_queries(queries, 5, 7).items()) == expected
+    assert sample_queries(queries, None, 7) == queries
