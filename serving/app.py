@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import time
 import uuid
 
@@ -75,9 +77,7 @@ def run_servers(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url:
     """Serve until Ctrl-C or SIGTERM; uvicorn drains open requests before it stops."""
     service, apps = build_apps(settings, mcp, a2a, mcp_url)
     servers = [
-        uvicorn.Server(
-            uvicorn.Config(RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False)
-        )
+        _Server(uvicorn.Config(RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False))
         for door, (app, port) in apps.items()
     ]
     for door, (_, port) in apps.items():
@@ -89,7 +89,18 @@ def run_servers(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url:
             service.close()
 
 
+class _Server(uvicorn.Server):
+    """Signals are handled once for all servers in :func:`_serve_all`, not per server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
 async def _serve_all(servers: list[uvicorn.Server]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: [setattr(s, "should_exit", True) for s in servers])
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for server in servers:  # one stopped (signal or failed bind): stop the others too
