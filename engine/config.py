@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     public_url: str | None = Field(None, description="A2A URL advertised in the agent card")
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(4000, ge=1)
+
+    @field_validator("reranker", "public_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
 
     @classmethod
     def settings_customise_sources(

@@ -108,11 +108,11 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{_mean(losses[-20:]):.3f}")
         if step % eval_every == 0 or step == steps:
             metrics = _dev_metrics(model, work / "candidate", engine, settings, device, eval_qrels, eval_queries)
-            history.append({"step": step, "loss": sum(losses[-eval_every:]) / len(losses[-eval_every:]), **metrics})
+            history.append({"step": step, "loss": _mean(losses[-eval_every:]), **metrics})
             log.info("step %d: dev nDCG@10 %.4f (fused %.4f)", step, metrics["nDCG@10"], baseline["nDCG@10"])
             if metrics["nDCG@10"] > best["ndcg@10"]:
                 shutil.rmtree(work / "best", ignore_errors=True)
@@ -128,8 +128,8 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "max_length": settings.max_length,
         "steps": steps,
         "best_step": best["step"],
-        "loss_first": sum(losses[:20]) / len(losses[:20]),
-        "loss_last": sum(losses[-20:]) / len(losses[-20:]),
+        "loss_first": _mean(losses[: max(1, len(losses) // 5)]),
+        "loss_last": _mean(losses[-max(1, len(losses) // 5) :]),
         "device": device,
         "seconds": round(time.perf_counter() - started, 1),
         "eval_split": options.eval_split,
@@ -144,6 +144,10 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     shutil.move(str(work / "best"), target)
     shutil.rmtree(work, ignore_errors=True)
     return card
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def _group_loss(model, dataset, batch, positives, negatives, group_size, rng, use_amp):
@@ -161,7 +165,7 @@ def _group_loss(model, dataset, batch, positives, negatives, group_size, rng, us
         [d for _, d in pairs],
         padding=True,
         truncation="only_second",
-        max_length=model.max_length,
+        max_length=model.max_seq_length,
         return_tensors="pt",
     ).to(model.device)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):

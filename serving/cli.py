@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     _device(p)
 
     p = sub.add_parser("serve", help="serve MCP + REST (port 8000) and the A2A agent (port 9010)")
-    _paths(p)
+    _paths(p, data=True)
+    p.add_argument("--build-if-missing", action="store_true", help="build the index from --data first if absent")
     p.add_argument("--host", help="interface to bind (default 127.0.0.1; 0.0.0.0 in containers)")
     p.add_argument("--mcp-port", type=int, help="MCP + REST port (default 8000)")
     p.add_argument("--a2a-port", type=int, help="A2A agent port (default 9010)")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import Settings
+from engine.index_dir import MANIFEST_FILE
 
 console = Console()
 
@@ -124,6 +125,8 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.no_mcp and args.no_a2a:
         raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
+    if args.build_if_missing and not (Path(settings.index_dir) / MANIFEST_FILE).is_file():
+        build(settings, args)
     run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url)
     return 0
 

@@ -1,0 +1,47 @@
+import json
+
+import pytest
+
+from engine.config import Settings
+from engine.dataset import load_dataset
+from engine.pipeline import HybridEngine
+from index_build.negatives import mine_hard_negatives
+from index_build.train_reranker import CARD_FILE, TrainOptions, train
+
+
+def test_hard_negatives_are_never_judged(engine, beir_dir):
+    dataset = load_dataset(beir_dir)
+    qrels = dataset.qrels("train")
+    queries = dataset.split_queries("train")
+    mined = mine_hard_negatives(engine, queries, qrels, depth=10, progress=False)
+    assert set(mined) == set(queries)
+    for qid, negatives in mined.items():
+        assert negatives and not set(negatives) & set(qrels[qid])
+        assert len(negatives) == len(set(negatives)) <= 10
+
+
+def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path):
+    import shutil
+
+    work_index = tmp_path / "idx"
+    shutil.copytree(index_dir, work_index)
+    settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
+    options = TrainOptions(base=minilm_path, max_steps=10, batch_queries=4, group_size=4, lr=1e-4, eval_every=5, mine_depth=12)
+    card = train(settings, options, progress=False)
+    assert card["train_split"] == "train" and card["steps"] == 10
+    assert card["loss_last"] < card["loss_first"]
+    assert card["best_step"] in (5, 10) and len(card["history"]) == 2
+    saved = json.loads((work_index / "reranker" / CARD_FILE).read_text())
+    assert saved["base_model"] == minilm_path and saved["dev_reranked"]["queries"] == 8
+    engine = HybridEngine(settings)  # picks the trained model up by itself
+    assert engine.reranker is not None and engine.reranker.name.endswith("reranker")
+    hits = engine.search("caffeine liver", 3)
+    assert len(hits) == 3 and all(h.rerank_score is not None for h in hits)
+
+
+def test_missing_train_split_is_a_clear_error(index_dir, beir_dir, minilm_path):
+    from engine.dataset import DatasetError
+
+    settings = Settings(data_dir=beir_dir, index_dir=index_dir, device="cpu")
+    with pytest.raises(DatasetError, match="no judgments for split 'nope'"):
+        train(settings, TrainOptions(base=minilm_path, split="nope", max_steps=1), progress=False)
