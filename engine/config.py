@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     bm25_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
     hnsw_ef_search: int = Field(128, ge=1)
+    memory_split: str | None = Field(
+        "auto", description="train judgments the judgment memory learns from (auto: train.graded, else train; none: off)"
+    )
+    memory: bool = Field(True, description="fuse the judgment memory when the index has one")
+    memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote")
+    memory_depth: int = Field(100, ge=1, description="judgment-memory candidates fused")
+    memory_weight: float = Field(1.0, ge=0)
 
     # reranking
     rerank: bool = Field(True, description="rerank fused candidates with the cross-encoder")
@@ -58,10 +65,10 @@ class Settings(BaseSettings):
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(4000, ge=1)
 
-    @field_validator("reranker", "public_url", mode="before")
+    @field_validator("reranker", "public_url", "memory_split", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
-        return None if value == "" else value
+        return None if value in ("", "none") else value
 
     @classmethod
     def settings_customise_sources(

@@ -50,8 +50,10 @@ class DenseRetriever:
         self._doc_ids = doc_ids
         self.encoder = encoder
 
-    def search(self, query: str, k: int) -> list[tuple[str, float]]:
-        """Top ``k`` (doc id, cosine similarity), best first."""
-        vector = encode(self.encoder, [query])
+    def encode_query(self, query: str) -> np.ndarray:
+        return encode(self.encoder, [query])
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Top ``k`` (doc id, cosine similarity) for an encoded query, best first."""
         scores, rows = self._index.search(vector, min(k, len(self._doc_ids)))
         return [(self._doc_ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]

@@ -80,20 +80,25 @@ def write_summary(path: Path, summary: dict) -> None:
 
 
 def stage_runs(engine, queries: Mapping[str, str], depth: int = 100, progress: bool = True) -> dict[str, Run]:
-    """Each stage's ranking of every query: BM25, dense, RRF and RRF + rerank.
+    """Each stage's ranking of every query: BM25, dense, judgment memory, RRF and RRF + rerank.
 
     The reranked run continues past the reranked head with the fused order, so Recall@100 compares
     like with like.
     """
     from tqdm import tqdm
 
-    runs: dict[str, Run] = {"bm25": {}, "dense": {}, "rrf": {}}
+    runs: dict[str, Run] = {"bm25": {}, "dense": {}}
+    if engine.memory is not None:
+        runs["memory"] = {}
+    runs["rrf"] = {}
     if engine.reranker is not None:
         runs["rrf+rerank"] = {}
     for qid, text in tqdm(queries.items(), desc="evaluating", unit="query", disable=not progress):
         result = engine.stages(text, top_k=1)
         runs["bm25"][qid] = [d for d, _ in result.bm25[:depth]]
         runs["dense"][qid] = [d for d, _ in result.dense[:depth]]
+        if engine.memory is not None:
+            runs["memory"][qid] = [d for d, _ in result.memory[:depth]]
         fused = [d for d, _ in result.fused[:depth]]
         runs["rrf"][qid] = fused
         if result.reranked is not None:

@@ -1,7 +1,8 @@
 """The on-disk contract between the builder and the engine.
 
 An index directory holds ``bm25/`` (Lucene), ``dense.faiss``, ``docs.jsonl`` (the document store,
-in FAISS row order), ``manifest.json`` and optionally ``reranker/``. The manifest is written last,
+in FAISS row order), ``manifest.json`` and optionally ``memory/`` (the judgment memory) and
+``reranker/``. The manifest is written last,
 inside a temporary folder that is renamed into place, so a directory with a manifest is complete.
 """
 
@@ -19,6 +20,7 @@ DENSE_FILE = "dense.faiss"
 DOCS_FILE = "docs.jsonl"
 MANIFEST_FILE = "manifest.json"
 RERANKER_DIR = "reranker"
+MEMORY_DIR = "memory"
 
 
 class IndexDirError(RuntimeError):
@@ -37,6 +39,7 @@ class Manifest:
     versions: dict[str, str]
     build_seconds: float
     built_at: str
+    memory: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     settings: dict = field(default_factory=dict)
 

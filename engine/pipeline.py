@@ -1,4 +1,4 @@
-"""The hybrid engine: BM25 and dense retrieval, reciprocal rank fusion, cross-encoder reranking."""
+"""The hybrid engine: BM25, dense and judgment-memory retrieval, reciprocal rank fusion, reranking."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 from engine.config import Settings
 from engine.dense import DenseRetriever
 from engine.fusion import reciprocal_rank_fusion
-from engine.index_dir import BM25_DIR, DENSE_FILE, Manifest, read_docs, read_manifest
+from engine.index_dir import BM25_DIR, DENSE_FILE, MEMORY_DIR, Manifest, read_docs, read_manifest
 from engine.lucene import BM25Retriever
+from engine.memory import JudgmentMemory
 from engine.models import load_encoder, pick_device
 from engine.rerank import Reranker, RerankerError
 
@@ -31,6 +32,7 @@ class Hit:
     bm25_score: float | None = None
     dense_rank: int | None = None
     dense_score: float | None = None
+    memory_rank: int | None = None
     rerank_score: float | None = None
 
 
@@ -40,6 +42,7 @@ class StageResult:
 
     bm25: list[tuple[str, float]]
     dense: list[tuple[str, float]]
+    memory: list[tuple[str, float]]
     fused: list[tuple[str, float]]
     reranked: list[tuple[str, float]] | None
     seconds: dict[str, float] = field(default_factory=dict)
@@ -58,7 +61,13 @@ class HybridEngine:
         self.bm25 = BM25Retriever(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b)
         encoder = load_encoder(self.manifest.encoder, self.device)
         self.dense = DenseRetriever(index_dir / DENSE_FILE, [d.doc_id for d in docs], encoder, settings.hnsw_ef_search)
+        self.memory = self._load_memory(index_dir)
         self.reranker = self._load_reranker()
+
+    def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:
+        if not self.settings.memory or not (index_dir / MEMORY_DIR).is_dir():
+            return None
+        return JudgmentMemory(index_dir / MEMORY_DIR, self.settings.memory_neighbors)
 
     def _load_reranker(self) -> Reranker | None:
         if not self.settings.rerank:
@@ -82,15 +91,17 @@ class HybridEngine:
         t0 = time.perf_counter()
         bm25 = self.bm25.search(query, max(s.bm25_depth, top_k))
         t1 = time.perf_counter()
-        dense = self.dense.search(query, max(s.dense_depth, top_k))
+        vector = self.dense.encode_query(query)
+        t_enc = time.perf_counter()
+        dense = self.dense.search(vector, max(s.dense_depth, top_k))
+        t_dense = time.perf_counter()
+        memory = self.memory.search(vector, s.memory_depth) if self.memory else []
         t2 = time.perf_counter()
-        fused = reciprocal_rank_fusion(
-            {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense]},
-            k=s.rrf_k,
-            weights={"bm25": s.bm25_weight, "dense": s.dense_weight},
-        )
+        rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
+        weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
+        fused = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
         t3 = time.perf_counter()
-        seconds.update(bm25=t1 - t0, dense=t2 - t1, fusion=t3 - t2)
+        seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked = None
         if self.reranker is not None:
             head = [doc_id for doc_id, _ in fused[: max(s.rerank_depth, top_k)]]
@@ -99,7 +110,7 @@ class HybridEngine:
             reranked = [(head[i], scores[i]) for i in order]
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
-        return StageResult(bm25, dense, fused, reranked, seconds)
+        return StageResult(bm25, dense, memory, fused, reranked, seconds)
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         """Exactly ``top_k`` unique documents (fewer only if the corpus is smaller), best first."""
@@ -113,6 +124,7 @@ class HybridEngine:
     def hits(self, result: StageResult, top_k: int) -> list[Hit]:
         bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
         dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
+        memory = {d: r for r, (d, _) in enumerate(result.memory, start=1)}
         fused = dict(result.fused)
         ranking = result.reranked if result.reranked is not None else result.fused
         hits = []
@@ -131,6 +143,7 @@ class HybridEngine:
                     bm25_score=b_score,
                     dense_rank=d_rank,
                     dense_score=d_score,
+                    memory_rank=memory.get(doc_id),
                     rerank_score=score if result.reranked is not None else None,
                 )
             )

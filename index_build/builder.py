@@ -20,6 +20,7 @@ from engine.index_dir import (
     BM25_DIR,
     DENSE_FILE,
     DOCS_FILE,
+    MEMORY_DIR,
     RERANKER_DIR,
     IndexDirError,
     Manifest,
@@ -27,6 +28,7 @@ from engine.index_dir import (
     write_docs,
 )
 from engine.java import start_jvm
+from engine.memory import write_memory
 from engine.models import load_encoder, pick_device
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
 
         faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))
         write_docs(tmp / DOCS_FILE, docs)
+        memory = _build_memory(tmp / MEMORY_DIR, dataset, settings, encoder)
         manifest = Manifest(
             dataset=str(Path(dataset.root).resolve()),
             fingerprint=fingerprint(dataset.root),
@@ -61,6 +64,7 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
             dimension=int(vectors.shape[1]),
             dense_index=settings.dense_index,
             bm25={"k1": settings.bm25_k1, "b": settings.bm25_b},
+            memory=memory,
             versions=_versions(),
             build_seconds=round(time.perf_counter() - started, 2),
             built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -85,6 +89,21 @@ def _build_bm25(path: Path, docs, progress: bool) -> None:
     for doc in tqdm(docs, desc="BM25 index", unit="doc", disable=not progress):
         indexer.add_doc_dict({"id": doc.doc_id, "contents": doc.contents})
     indexer.close()
+
+
+def _build_memory(folder: Path, dataset: Dataset, settings: Settings, encoder) -> dict:
+    """Embed the training queries that have positive judgments; skipped when there are none."""
+    split = settings.memory_split
+    if split == "auto":
+        split = next((s for s in ("train.graded", "train") if s in dataset.splits()), None)
+    if split is None:
+        log.info("no training judgments: building without a judgment memory")
+        return {}
+    qrels = dataset.qrels(split)
+    query_ids = sorted(q for q, docs in qrels.items() if any(g > 0 for g in docs.values()))
+    vectors = encode(encoder, [dataset.queries[q] for q in query_ids], settings.encode_batch_size)
+    write_memory(folder, vectors, qrels, query_ids)
+    return {"split": split, "queries": len(query_ids)}
 
 
 def _keep_reranker(old: Path, new: Path, corpus_fingerprint: str) -> None:

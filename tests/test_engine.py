@@ -25,8 +25,22 @@ def test_bm25_ranks_the_document_with_the_rare_term_first(engine):
 
 
 def test_dense_finds_the_topic(engine):
-    top = [d for d, _ in engine.dense.search("caffeine and the liver", 4)]
+    top = [d for d, _ in engine.dense.search(engine.dense.encode_query("caffeine and the liver"), 4)]
     assert sum(d.startswith("D-coffee") for d in top) >= 3
+
+
+def test_judgment_memory_votes_with_training_judgments(engine, index_dir):
+    from engine.index_dir import read_manifest
+
+    assert read_manifest(index_dir).memory == {"split": "train", "queries": 8}
+    # the tiny dataset's training query for soy is "prostate and cancer effects"; it judged
+    # D-soy-0 with grade 2 and D-soy-1 with grade 1
+    votes = engine.memory.search(engine.dense.encode_query("prostate and cancer effects"), 10)
+    assert [d for d, _ in votes[:2]] == ["D-soy-0", "D-soy-1"]
+    assert votes[0][1] == pytest.approx(2 * votes[1][1])
+    assert all(d.endswith(("-0", "-1")) for d, _ in votes)  # only judged documents get votes
+    hits = engine.search("prostate and cancer effects", 3)
+    assert hits[0].memory_rank == 1 or any(h.doc_id == "D-soy-0" for h in hits)
 
 
 def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):

@@ -1,0 +1,53 @@
+"""Judgment memory: retrieval learned from a corpus's training judgments.
+
+Queries that resemble each other are answered by the same documents (NFCorpus queries are
+NutritionFacts pages; their judgments link to the same PubMed abstracts). The memory keeps every
+training query's embedding and judgments; a new query's ``neighbors`` most similar training
+queries vote for their judged documents with weight ``similarity^2 * grade``. It is trained on
+train judgments only, so dev and test queries never see their own labels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+VECTORS_FILE = "queries.npy"
+JUDGMENTS_FILE = "judgments.json"
+
+
+def write_memory(folder: Path, vectors: np.ndarray, qrels: Mapping[str, Mapping[str, int]], query_ids: list[str]) -> None:
+    """Rows of ``vectors`` are the normalised embeddings of ``query_ids``, in that order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / VECTORS_FILE, vectors.astype(np.float32))
+    judged = [{d: g for d, g in qrels[q].items() if g > 0} for q in query_ids]
+    (folder / JUDGMENTS_FILE).write_text(json.dumps({"query_ids": query_ids, "judgments": judged}))
+
+
+class JudgmentMemory:
+    """Scores documents by the judgments of the most similar training queries."""
+
+    def __init__(self, folder: str | Path, neighbors: int = 10) -> None:
+        self.vectors = np.load(Path(folder) / VECTORS_FILE)
+        stored = json.loads((Path(folder) / JUDGMENTS_FILE).read_text())
+        self.query_ids: list[str] = stored["query_ids"]
+        self.judgments: list[dict[str, int]] = stored["judgments"]
+        if len(self.query_ids) != len(self.vectors):
+            raise ValueError(f"{folder}: {len(self.vectors)} vectors for {len(self.query_ids)} queries")
+        self.neighbors = neighbors
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Top ``k`` (doc id, vote), best first; ties by doc id."""
+        sims = self.vectors @ vector.reshape(-1)
+        n = min(self.neighbors, len(sims))
+        nearest = np.argpartition(-sims, n - 1)[:n]
+        votes: dict[str, float] = {}
+        for row in nearest:
+            weight = float(max(sims[row], 0.0)) ** 2
+            for doc_id, grade in self.judgments[row].items():
+                votes[doc_id] = votes.get(doc_id, 0.0) + weight * grade
+        ranked = sorted(votes.items(), key=lambda item: (-item[1], item[0]))
+        return [(d, s) for d, s in ranked[:k] if s > 0]
