@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from engine.models import resolve_model
+
+
+log = logging.getLogger(__name__)
 
 
 class RerankerError(RuntimeError):
@@ -31,13 +35,26 @@ class Reranker:
         self.batch_size = batch_size
 
     def score(self, query: str, passages: list[str]) -> list[float]:
-        """One relevance score per passage, in the order given."""
+        """One relevance score per passage, in the order given.
+
+        A GPU out-of-memory error never fails the request: the batch is halved until it fits,
+        and at batch size 1 the model moves to the CPU for good.
+        """
+        import torch
+
         if not passages:
             return []
-        scores = self.model.predict(
-            [(query, p) for p in passages],
-            batch_size=self.batch_size,
-            show_progress_bar=False,
-            convert_to_numpy=True,
-        )
-        return [float(s) for s in scores]
+        pairs = [(query, p) for p in passages]
+        batch = self.batch_size
+        while True:
+            try:
+                scores = self.model.predict(pairs, batch_size=batch, show_progress_bar=False, convert_to_numpy=True)
+                return [float(s) for s in scores]
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                if batch > 1:
+                    batch //= 2
+                    continue
+                log.warning("GPU out of memory at batch size 1: reranking on the CPU from now on")
+                self.model.to("cpu").float()
+                self.device = "cpu"

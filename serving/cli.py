@@ -45,6 +45,8 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rrf-k", type=float, help="RRF constant k (default 60)")
     g.add_argument("--bm25-weight", type=float, help="BM25 weight in RRF (default 1.0)")
     g.add_argument("--dense-weight", type=float, help="dense weight in RRF (default 1.0)")
+    g.add_argument("--memory-weight", type=float, help="judgment-memory weight in RRF (default 1.0)")
+    g.add_argument("--no-memory", dest="memory", action="store_false", default=None, help="leave the judgment memory out")
     g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
     g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 30)")
     g.add_argument("--max-length", type=int, help="cross-encoder tokens per pair (default 256)")
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(p, data=True)
     p.add_argument("--encoder", help="sentence-transformers id or folder (default all-MiniLM-L6-v2, offline copy)")
     p.add_argument("--dense-index", choices=["flat", "hnsw"], help="flat: exact (default); hnsw: for >1M docs")
+    p.add_argument("--memory-split", help="train judgments for the judgment memory (default auto; none = skip)")
     _device(p)
 
     p = sub.add_parser("search", help="search the index and print a table of hits")
@@ -114,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
     p.add_argument("--public-url", help="A2A URL advertised in the agent card (default http://HOST:PORT)")
     p.add_argument("--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)")
+    _search_options(p)
+
+    p = sub.add_parser("bench", help="latency per stage in-process, or end to end through a front door")
+    _paths(p, data=True)
+    p.add_argument("target", choices=["engine", "rest", "mcp", "a2a"], help="engine = in-process per stage")
+    p.add_argument("--url", help="front door URL, e.g. http://127.0.0.1:8000/search_nfcorpus, .../mcp, or the A2A root")
+    p.add_argument("--num-queries", type=int, default=50, help="dev queries to send (default 50)")
+    p.add_argument("--depths", default="0,10,20,50", help="rerank depths to sweep, engine only (default 0,10,20,50)")
+    p.add_argument("--concurrency", default="1,8", help="concurrent clients to sweep (default 1,8)")
+    p.add_argument("--name", help="result file name (default: the target)")
     _search_options(p)
 
     p = sub.add_parser("mcp-stdio", help="serve the MCP tool over stdio, for hosts that launch tools")

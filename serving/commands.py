@@ -138,6 +138,43 @@ def mcp_stdio(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def bench(settings: Settings, args: argparse.Namespace) -> int:
+    from benchmarks.latency import bench_engine, bench_http, save
+    from engine.dataset import load_dataset
+
+    dataset = load_dataset(settings.data_dir)
+    queries = list(dataset.split_queries("dev").values())[: args.num_queries]
+    concurrency = _int_list(args.concurrency, "--concurrency")
+    if args.target == "engine":
+        from engine.pipeline import HybridEngine
+
+        depths = _int_list(args.depths, "--depths")
+        if max(depths) > 0 and settings.reranker is None and not Path(settings.reranker_path).is_dir():
+            from engine.models import resolve_model
+
+            # latency does not depend on the weights: time an untrained MiniLM cross-encoder
+            settings = settings.model_copy(update={"reranker": resolve_model(settings.encoder)})
+        report = bench_engine(HybridEngine(settings), queries, depths, concurrency)
+    else:
+        if not args.url:
+            raise ValueError(f"--url is required to benchmark the {args.target} front door")
+        report = bench_http(args.target, args.url, queries, concurrency)
+    path = save(report, args.name or args.target)
+    console.print_json(json.dumps(report))
+    console.print(f"saved {path} and its plot")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"{flag} takes non-negative integers, got {text!r}")
+    return values
+
+
 def _check_top_k(top_k: int) -> None:
     if not 1 <= top_k <= 100:
         raise ValueError(f"--top-k must be between 1 and 100, got {top_k}")
