@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     bm25_b: float = Field(0.4, ge=0, le=1)
     bm25_depth: int = Field(100, ge=1, description="BM25 candidates fused")
     dense_depth: int = Field(100, ge=1, description="dense candidates fused")
-    rrf_k: float = Field(60.0, gt=0, description="reciprocal rank fusion constant")
+    rrf_k: float = Field(10.0, gt=0, description="reciprocal rank fusion constant (tuned on dev)")
     bm25_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
     hnsw_ef_search: int = Field(128, ge=1)
@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     memory: bool = Field(True, description="fuse the judgment memory when the index has one")
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote")
     memory_depth: int = Field(100, ge=1, description="judgment-memory candidates fused")
-    memory_weight: float = Field(1.0, ge=0)
+    memory_weight: float = Field(1.5, ge=0, description="judgment-memory weight in RRF (tuned on dev)")
 
     # reranking
     rerank: bool = Field(True, description="rerank fused candidates with the cross-encoder")

@@ -1,0 +1,60 @@
+"""Sweep RRF k, per-retriever weights and judgment-memory neighbours on a split (dev).
+
+    python -m benchmarks.fusion_sweep --split dev
+
+Retrieval runs once per query; fusion is recomputed for every setting, so the sweep is cheap.
+Writes ``benchmarks/results/fusion-sweep-<split>.json`` sorted by nDCG@10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+from engine.config import Settings
+from engine.dataset import load_dataset
+from engine.evaluation import evaluate_run
+from engine.fusion import reciprocal_rank_fusion
+from engine.pipeline import HybridEngine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
+    parser.add_argument("--data", type=Path, default=Settings().data_dir)
+    args = parser.parse_args()
+    dataset = load_dataset(args.data)
+    qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
+    engine = HybridEngine(Settings(index_dir=args.index_dir, rerank=False))
+    vectors = {q: engine.dense.encode_query(t) for q, t in queries.items()}
+    bm25 = {q: [d for d, _ in engine.bm25.search(t, 100)] for q, t in queries.items()}
+    dense = {q: [d for d, _ in engine.dense.search(vectors[q], 100)] for q in queries}
+    rows = []
+    for neighbors in (5, 10, 15, 20):
+        engine.memory.neighbors = neighbors
+        memory = {q: [d for d, _ in engine.memory.search(vectors[q], 100)] for q in queries}
+        for k, w_bm25, w_dense, w_memory in itertools.product((10, 30, 60, 100), (0.5, 1.0), (0.5, 1.0), (1.0, 1.5, 2.0)):
+            run = {
+                q: [d for d, _ in reciprocal_rank_fusion(
+                    {"bm25": bm25[q], "dense": dense[q], "memory": memory[q]},
+                    k=k, weights={"bm25": w_bm25, "dense": w_dense, "memory": w_memory},
+                )][:100]
+                for q in queries
+            }
+            metrics = evaluate_run(qrels, run)
+            rows.append({"memory_neighbors": neighbors, "rrf_k": k, "bm25_weight": w_bm25,
+                         "dense_weight": w_dense, "memory_weight": w_memory, **metrics})
+    rows.sort(key=lambda r: -r["nDCG@10"])
+    out = Path("benchmarks/results") / f"fusion-sweep-{args.split}.json"
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    for row in rows[:8]:
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    default = next(r for r in rows if (r["memory_neighbors"], r["rrf_k"], r["bm25_weight"], r["dense_weight"], r["memory_weight"]) == (10, 60, 1.0, 1.0, 1.0))
+    print("default", {k: round(v, 4) if isinstance(v, float) else v for k, v in default.items()}, "rank", rows.index(default) + 1, "of", len(rows))
+
+
+if __name__ == "__main__":
+    main()
