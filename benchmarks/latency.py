@@ -7,6 +7,7 @@ PNG plot beside it. Load generators are bounded in requests and time and talk on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -108,13 +109,9 @@ async def _http_load(door: str, url: str, queries: list[str], concurrency: int, 
         if door == "mcp":
             from mcp import Client
 
-            sessions = [Client(url) for _ in range(concurrency)]
-            opened = [await s.__aenter__() for s in sessions]
-            try:
+            async with contextlib.AsyncExitStack() as stack:  # sessions close in reverse, as anyio requires
+                opened = [await stack.enter_async_context(Client(url)) for _ in range(concurrency)]
                 await asyncio.gather(*(worker(client, s) for s in opened))
-            finally:
-                for s in sessions:
-                    await s.__aexit__(None, None, None)
         else:
             await asyncio.gather(*(worker(client, None) for _ in range(concurrency)))
     wall = time.perf_counter() - started
