@@ -104,7 +104,7 @@ class HybridEngine:
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked = None
         if self.reranker is not None:
-            head = [doc_id for doc_id, _ in fused[: max(s.rerank_depth, top_k)]]
+            head = [doc_id for doc_id, _ in fused[: max(s.rerank_depth_for(self.device), top_k)]]
             scores = self.reranker.score(query, [self.docs[d].contents for d in head])
             order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
             reranked = [(head[i], scores[i]) for i in order]

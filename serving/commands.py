@@ -185,5 +185,6 @@ def _opt(value: int | None) -> str:
 
 
 def _search_settings(settings: Settings) -> dict:
-    keys = ("bm25_depth", "dense_depth", "rrf_k", "bm25_weight", "dense_weight", "rerank", "rerank_depth", "max_length")
+    keys = ("bm25_depth", "dense_depth", "rrf_k", "bm25_weight", "dense_weight", "memory", "memory_weight",
+            "memory_neighbors", "rerank", "rerank_depth", "max_length")
     return {k: getattr(settings, k) for k in keys} | {"reranker": settings.reranker_path if settings.rerank else None}

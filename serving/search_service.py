@@ -98,7 +98,7 @@ class SearchService:
             "device": engine.device,
             "encoder": engine.manifest.encoder,
             "reranker": engine.reranker.name if engine.reranker else None,
-            "rerank_depth": self.settings.rerank_depth if engine.reranker else 0,
+            "rerank_depth": self.settings.rerank_depth_for(engine.device) if engine.reranker else 0,
             "load_seconds": round(self.load_seconds, 2),
         }
 
