@@ -38,10 +38,17 @@ class JudgmentMemory:
         if len(self.query_ids) != len(self.vectors):
             raise ValueError(f"{folder}: {len(self.vectors)} vectors for {len(self.query_ids)} queries")
         self.neighbors = neighbors
+        self._rows = {qid: row for row, qid in enumerate(self.query_ids)}
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Top ``k`` (doc id, vote), best first; ties by doc id."""
+    def search(self, vector: np.ndarray, k: int, exclude: str | None = None) -> list[tuple[str, float]]:
+        """Top ``k`` (doc id, vote), best first; ties by doc id.
+
+        ``exclude`` leaves one training query out, so features computed for a training query do
+        not see its own judgments (used when learning on the training split).
+        """
         sims = self.vectors @ vector.reshape(-1)
+        if exclude is not None and exclude in self._rows:
+            sims[self._rows[exclude]] = -1.0
         n = min(self.neighbors, len(sims))
         nearest = np.argpartition(-sims, n - 1)[:n]
         votes: dict[str, float] = {}

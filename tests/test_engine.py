@@ -39,6 +39,8 @@ def test_judgment_memory_votes_with_training_judgments(engine, index_dir):
     assert [d for d, _ in votes[:2]] == ["D-soy-0", "D-soy-1"]
     assert votes[0][1] == pytest.approx(2 * votes[1][1])
     assert all(d.endswith(("-0", "-1")) for d, _ in votes)  # only judged documents get votes
+    left_out = engine.memory.search(engine.dense.encode_query("prostate and cancer effects"), 10, exclude="Q-train-soy")
+    assert "D-soy-0" not in [d for d, _ in left_out]  # only its own judgments named it
     hits = engine.search("prostate and cancer effects", 3)
     assert hits[0].memory_rank == 1 or any(h.doc_id == "D-soy-0" for h in hits)
 

@@ -1,0 +1,88 @@
+"""Trial: LambdaMART fusion learned on the train judgments, against the served RRF, on dev.
+
+    python -m benchmarks.learned_fusion --train-queries 1500
+
+Features per candidate (the fused top 100): BM25 rank and score, dense rank and score, judgment
+memory rank and vote, RRF rank and score, how many retrievers found it, query length. Training
+queries are left out of the judgment memory when their own features are computed. Writes
+``benchmarks/results/learned-fusion-dev.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+
+from engine.config import Settings
+from engine.dataset import load_dataset
+from engine.evaluation import evaluate_run
+from engine.fusion import reciprocal_rank_fusion
+from engine.pipeline import HybridEngine
+
+DEPTH = 100
+
+
+def candidates(engine: HybridEngine, text: str, exclude: str | None) -> tuple[np.ndarray, list[str]]:
+    s = engine.settings
+    vector = engine.dense.encode_query(text)
+    found = {
+        "bm25": engine.bm25.search(text, DEPTH),
+        "dense": engine.dense.search(vector, DEPTH),
+        "memory": engine.memory.search(vector, DEPTH, exclude=exclude),
+    }
+    fused = reciprocal_rank_fusion(
+        {name: [d for d, _ in hits] for name, hits in found.items()},
+        k=s.rrf_k,
+        weights={"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight},
+    )[:DEPTH]
+    lookup = {name: {d: (r, sc) for r, (d, sc) in enumerate(hits, 1)} for name, hits in found.items()}
+    rows = []
+    for rank, (doc_id, score) in enumerate(fused, 1):
+        per = [lookup[name].get(doc_id, (DEPTH + 1, 0.0)) for name in ("bm25", "dense", "memory")]
+        hits = sum(doc_id in lookup[name] for name in lookup)
+        rows.append([v for pair in per for v in pair] + [rank, score, hits, len(text.split())])
+    return np.asarray(rows, dtype=np.float32), [d for d, _ in fused]
+
+
+def main() -> None:
+    import lightgbm
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-queries", type=int, default=1500)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    settings = Settings(rerank=False)
+    dataset = load_dataset(settings.data_dir)
+    engine = HybridEngine(settings)
+    train_split = engine.manifest.memory["split"]
+    train, dev = dataset.qrels(train_split), dataset.qrels("dev")
+    rng = random.Random(args.seed)
+    train_ids = rng.sample(sorted(train), min(args.train_queries, len(train)))
+    features, labels, groups = [], [], []
+    for qid in train_ids:
+        x, ids = candidates(engine, dataset.queries[qid], exclude=qid)
+        features.append(x)
+        labels += [train[qid].get(d, 0) for d in ids]
+        groups.append(len(ids))
+    dev_items = [(qid, candidates(engine, text, exclude=None)) for qid, text in dataset.split_queries("dev").items()]
+    report = {"rrf (served)": evaluate_run(dev, {q: ids for q, (_, ids) in dev_items})}
+    for leaves, trees in ((15, 200), (31, 300)):
+        model = lightgbm.LGBMRanker(
+            objective="lambdarank", n_estimators=trees, num_leaves=leaves, learning_rate=0.05,
+            label_gain=[0, 1, 3], random_state=args.seed, verbose=-1,
+        )
+        model.fit(np.vstack(features), np.asarray(labels), group=groups)
+        run = {q: [ids[i] for i in np.argsort(-model.predict(x), kind="stable")] for q, (x, ids) in dev_items}
+        report[f"lambdamart {leaves} leaves, {trees} trees"] = evaluate_run(dev, run)
+    out = Path("benchmarks/results/learned-fusion-dev.json")
+    out.write_text(json.dumps({"train_split": train_split, "train_queries": len(train_ids), "dev": report}, indent=2) + "\n")
+    for name, metrics in report.items():
+        print(f"{name:32s} nDCG@5 {metrics['nDCG@5']:.4f}  nDCG@10 {metrics['nDCG@10']:.4f}  in-list NDCG@5 {metrics['in-list NDCG@5']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
