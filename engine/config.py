@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     )
     rerank_batch_size: int = Field(32, ge=1)
     max_length: int = Field(256, ge=16, le=512, description="cross-encoder tokens per (query, document) pair")
+    rerank_batch_wait_ms: float = Field(
+        3.0, ge=0, description="on CUDA, how long a query waits for others to share a rerank batch; 0 = off"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
 
     # serving

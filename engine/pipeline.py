@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.batching import RerankBatcher
 from engine.config import Settings
 from engine.dense import DenseRetriever
 from engine.fusion import reciprocal_rank_fusion
@@ -69,7 +70,7 @@ class HybridEngine:
             return None
         return JudgmentMemory(index_dir / MEMORY_DIR, self.settings.memory_neighbors)
 
-    def _load_reranker(self) -> Reranker | None:
+    def _load_reranker(self) -> Reranker | RerankBatcher | None:
         if not self.settings.rerank:
             return None
         path = self.settings.reranker_path
@@ -77,12 +78,15 @@ class HybridEngine:
             log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
             return None
         try:
-            return Reranker(path, self.device, self.settings.max_length, self.settings.rerank_batch_size)
+            reranker = Reranker(path, self.device, self.settings.max_length, self.settings.rerank_batch_size)
         except RerankerError as exc:
             if self.settings.reranker is not None:
                 raise
             log.warning("%s; serving fused results", exc)
             return None
+        if self.device == "cuda" and self.settings.rerank_batch_wait_ms > 0:
+            return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000)
+        return reranker
 
     def stages(self, query: str, top_k: int = 10) -> StageResult:
         """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``."""

@@ -35,16 +35,19 @@ class Reranker:
         self.batch_size = batch_size
 
     def score(self, query: str, passages: list[str]) -> list[float]:
-        """One relevance score per passage, in the order given.
+        """One relevance score per passage, in the order given."""
+        return self.score_pairs([(query, p) for p in passages])
+
+    def score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """Scores for (query, passage) pairs; the model sorts them by length into batches.
 
         A GPU out-of-memory error never fails the request: the batch is halved until it fits,
         and at batch size 1 the model moves to the CPU for good.
         """
         import torch
 
-        if not passages:
+        if not pairs:
             return []
-        pairs = [(query, p) for p in passages]
         batch = self.batch_size
         while True:
             try:

@@ -50,6 +50,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
     g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 100 on CUDA, 6 on CPU)")
     g.add_argument("--max-length", type=int, help="cross-encoder tokens per pair (default 256)")
+    g.add_argument("--rerank-batch-wait-ms", type=float, help="CUDA only: wait to share rerank batches (default 3; 0 = off)")
     g.add_argument("--no-rerank", dest="rerank", action="store_false", default=None, help="serve fused results")
     _device(p)
 

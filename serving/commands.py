@@ -39,7 +39,7 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps([hit.__dict__ for hit in hits], indent=2))
         return 0
     table = Table(title=f"{args.query!r}: {len(hits)} hits in {elapsed * 1000:.0f} ms")
-    for column in ("rank", "doc id", "score", "fused", "BM25 rank", "dense rank", "rerank"):
+    for column in ("rank", "doc id", "score", "fused", "BM25 rank", "dense rank", "memory rank", "rerank"):
         table.add_column(column, no_wrap=True, justify="right")
     table.add_column("title", overflow="fold", ratio=1)
     for rank, hit in enumerate(hits, start=1):
@@ -50,6 +50,7 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
             f"{hit.fused_score:.4f}",
             _opt(hit.bm25_rank),
             _opt(hit.dense_rank),
+            _opt(hit.memory_rank),
             "-" if hit.rerank_score is None else f"{hit.rerank_score:.3f}",
             hit.title or hit.text[:80],
         )

@@ -1,0 +1,25 @@
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engine.batching import RerankBatcher
+from engine.dataset import load_dataset
+from engine.rerank import Reranker
+
+
+def test_concurrent_queries_share_batches_and_get_their_own_scores(minilm_path, beir_dir):
+    reranker = Reranker(minilm_path, "cpu", max_length=64)
+    docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
+    jobs = [(f"question {i} about {['soy', 'coffee', 'rice', 'meat'][i % 4]}", docs[i : i + 3 + i % 4]) for i in range(12)]
+    alone = [reranker.score(q, p) for q, p in jobs]
+    batcher = RerankBatcher(reranker, max_wait_s=0.2)
+    try:
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            together = list(pool.map(lambda job: batcher.score(*job), jobs))
+        assert batcher.batches < len(jobs)  # requests were merged
+        for mine, reference in zip(together, alone):
+            assert mine == pytest.approx(reference, abs=1e-4)
+        assert batcher.score("nothing", []) == []
+        assert batcher.device == "cpu"  # the wrapped reranker's attributes show through
+    finally:
+        batcher.close()
