@@ -1,0 +1,100 @@
+"""How the dense index's cost grows with the corpus: exact, HNSW and IVF at 10k to 1M documents.
+
+    python -m benchmarks.scale --sizes 10000,100000,1000000
+
+Synthetic documents are made from NFCorpus's own embeddings (each one the normalised mix of two
+real abstracts' vectors plus a little noise), so the vectors have the real distribution without
+encoding a million texts on a CPU; queries are the real dev queries. Per size and index kind:
+build seconds, index bytes, p50/p95 query milliseconds (one query at a time) and recall@10
+against exact search. Encoding cost is linear and measured separately (``hybrid-search build``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.latency import machine, machine_name, percentiles
+from engine.config import Settings
+from engine.dataset import load_dataset
+from engine.dense import build_faiss, encode
+from engine.index_dir import DENSE_FILE
+from engine.models import load_encoder
+
+HNSW_LIMIT = 200_000  # building HNSW over 1M vectors takes tens of minutes on 2 cores
+
+
+def synthetic(base: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    a, b = rng.integers(0, len(base), n), rng.integers(0, len(base), n)
+    mix = rng.uniform(0.5, 1.0, (n, 1)).astype(np.float32)
+    vectors = mix * base[a] + (1 - mix) * base[b] + rng.normal(0, 0.02, (n, base.shape[1])).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def build(kind: str, vectors: np.ndarray):
+    import faiss
+
+    if kind == "ivf":
+        nlist = int(4 * np.sqrt(len(vectors)))
+        index = faiss.index_factory(vectors.shape[1], f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors[: min(len(vectors), 64 * nlist)])
+        index.add(vectors)
+        index.nprobe = 16
+        return index
+    index = build_faiss(vectors, kind)
+    if kind == "hnsw":
+        index.hnsw.efSearch = Settings().hnsw_ef_search  # as the engine searches
+    return index
+
+
+def main() -> None:
+    import faiss
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    settings = Settings()
+    flat = faiss.read_index(str(settings.index_dir / DENSE_FILE))
+    base = flat.reconstruct_n(0, flat.ntotal)
+    dataset = load_dataset(settings.data_dir)
+    texts = list(dataset.split_queries("dev").values())[: args.queries]
+    queries = encode(load_encoder(settings.encoder, "cpu"), texts)
+    rng = np.random.default_rng(0)
+    rows = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        vectors = synthetic(base, size, rng)
+        truth = None
+        for kind in ("flat", "ivf", "hnsw"):
+            if kind == "hnsw" and size > HNSW_LIMIT:
+                continue
+            started = time.perf_counter()
+            index = build(kind, vectors)
+            build_s = time.perf_counter() - started
+            latencies, found = [], []
+            for q in queries:
+                t = time.perf_counter()
+                _, ids = index.search(q.reshape(1, -1), 10)
+                latencies.append(time.perf_counter() - t)
+                found.append(ids[0])
+            if kind == "flat":
+                truth = found
+            recall = float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth)]))
+            row = {"documents": size, "index": kind, "build_s": round(build_s, 2),
+                   "bytes": int(faiss.serialize_index(index).size), "recall@10_vs_exact": recall,
+                   **{f"query_ms_{k}": v for k, v in percentiles(latencies).items() if k in ("p50", "p95")}}
+            rows.append(row)
+            print(row, flush=True)
+            del index
+    out = Path("benchmarks/results") / machine_name()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+    print(f"saved {out / 'scale.json'}")
+
+
+if __name__ == "__main__":
+    main()
