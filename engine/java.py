@@ -31,5 +31,6 @@ def start_jvm() -> None:
         for jar in glob.glob(os.path.join(jars, "anserini-*-fatjar.jar")):
             jnius_config.add_classpath(jar)
         options = [opt for opt in jnius_config.get_options() if _VECTOR_MODULE not in opt]
-        jnius_config.set_options(*options, "-Xms256m")
+        # -Xrs: SIGINT/SIGTERM stay Python's, so Ctrl-C and shutdowns run Python's handlers
+        jnius_config.set_options(*options, "-Xms256m", "-Xrs")
         import jnius  # noqa: F401  (importing starts the JVM with the options above)
