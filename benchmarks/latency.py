@@ -71,7 +71,7 @@ def bench_engine(engine, queries: list[str], depths: list[int], concurrency: lis
     for workers in concurrency:
         latencies: list[float] = []
 
-        def one(query: str) -> None:
+        def one(query: str, latencies: list[float] = latencies) -> None:
             started = time.perf_counter()
             engine.search(query, top_k)
             latencies.append(time.perf_counter() - started)

@@ -56,4 +56,4 @@ class DenseRetriever:
     def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """Top ``k`` (doc id, cosine similarity) for an encoded query, best first."""
         scores, rows = self._index.search(vector, min(k, len(self._doc_ids)))
-        return [(self._doc_ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
+        return [(self._doc_ids[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]

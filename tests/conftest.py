@@ -30,7 +30,7 @@ def write_beir(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "qrels").mkdir(exist_ok=True)
     docs, queries, dev, train = [], [], [], []
-    for t, (topic, words) in enumerate(TOPICS.items()):
+    for topic, words in TOPICS.items():
         for i in range(4):
             doc_id = f"D-{topic}-{i}"
             title = "" if i == 3 else f"{topic.title()} report {i}"

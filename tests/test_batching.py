@@ -17,7 +17,7 @@ def test_concurrent_queries_share_batches_and_get_their_own_scores(minilm_path, 
         with ThreadPoolExecutor(max_workers=12) as pool:
             together = list(pool.map(lambda job: batcher.score(*job), jobs))
         assert batcher.batches < len(jobs)  # requests were merged
-        for mine, reference in zip(together, alone):
+        for mine, reference in zip(together, alone, strict=True):
             assert mine == pytest.approx(reference, abs=1e-4)
         assert batcher.score("nothing", []) == []
         assert batcher.device == "cpu"  # the wrapped reranker's attributes show through

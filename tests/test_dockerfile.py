@@ -2,7 +2,6 @@
 
 import json
 import re
-import shlex
 from pathlib import Path
 
 from serving.cli import build_parser

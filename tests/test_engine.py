@@ -65,7 +65,7 @@ def test_reranker_order_is_respected(index_dir, minilm_path):
     head = [d for d, _ in result.fused[:6]]
     assert sorted(d for d, _ in result.reranked) == sorted(head)
     direct = engine.reranker.score("coffee and liver enzymes", [engine.docs[d].contents for d in head])
-    expected = [d for _, d in sorted(zip(direct, head), key=lambda p: -p[0])]
+    expected = [d for _, d in sorted(zip(direct, head, strict=True), key=lambda p: -p[0])]
     assert [d for d, _ in result.reranked] == expected
     hits = engine.hits(result, 6)
     assert [h.doc_id for h in hits] == expected
