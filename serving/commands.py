@@ -38,10 +38,14 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([hit.__dict__ for hit in hits], indent=2))
         return 0
-    table = Table(title=f"{args.query!r}: {len(hits)} hits in {elapsed * 1000:.0f} ms")
-    for column in ("rank", "doc id", "score", "fused", "BM25 rank", "dense rank", "memory rank", "rerank"):
-        table.add_column(column, no_wrap=True, justify="right")
-    table.add_column("title", overflow="fold", ratio=1)
+    table = Table(
+        title=f"{args.query!r}: {len(hits)} hits in {elapsed * 1000:.0f} ms",
+        caption="BM25 / dense / memory: the document's rank in that retriever; rerank: cross-encoder score",
+    )
+    id_width = max((len(hit.doc_id) for hit in hits), default=6)
+    for column in ("#", "doc id", "score", "fused", "BM25", "dense", "memory", "rerank"):
+        table.add_column(column, no_wrap=True, min_width=id_width if column == "doc id" else None, justify="right")
+    table.add_column("title", overflow="fold", ratio=1, min_width=10)
     for rank, hit in enumerate(hits, start=1):
         table.add_row(
             str(rank),
