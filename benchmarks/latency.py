@@ -53,20 +53,25 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 
 def bench_engine(engine, queries: list[str], depths: list[int], concurrency: list[int], top_k: int = 5) -> dict:
-    """Per-stage latency for each rerank depth (0 = no rerank), then QPS under concurrent load."""
+    """Per-stage latency for each rerank depth (0 = no rerank), then QPS under concurrent load at
+    the deepest depth swept. The engine's reranker and depth are restored afterwards."""
     report: dict = {"machine": machine(), "device": engine.device, "queries": len(queries), "depths": {}}
-    reranker = engine.reranker
-    for depth in depths:
+    reranker, configured_depth = engine.reranker, engine.settings.rerank_depth
+
+    def use_depth(depth: int) -> None:
         engine.reranker = reranker if depth > 0 else None
         engine.settings.rerank_depth = max(depth, 1)
+
+    for depth in depths:
+        use_depth(depth)
         engine.stages(queries[0], top_k)  # warm-up
         per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
         for query in queries:
             for stage, seconds in engine.stages(query, top_k).seconds.items():
                 per_stage[stage].append(seconds)
         report["depths"][depth] = {s: percentiles(v) for s, v in per_stage.items() if v}
-    engine.reranker = reranker
-    engine.settings.rerank_depth = depths[-1] if depths[-1] > 0 else 1
+    use_depth(max(depths))
+    report["concurrency_rerank_depth"] = max(depths)
     report["concurrency"] = {}
     for workers in concurrency:
         latencies: list[float] = []
@@ -81,6 +86,7 @@ def bench_engine(engine, queries: list[str], depths: list[int], concurrency: lis
             list(pool.map(one, queries))
         wall = time.perf_counter() - started
         report["concurrency"][workers] = {"qps": len(queries) / wall, **percentiles(latencies)}
+    engine.reranker, engine.settings.rerank_depth = reranker, configured_depth
     return report
 
 
