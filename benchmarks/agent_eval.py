@@ -76,9 +76,7 @@ def evaluate_agent(
     qrels = dataset.qrels(split)
     queries = sample_queries(dataset.split_queries(split), num_queries, seed)
     answers, failures, seconds = asyncio.run(_run(url, list(queries.items()), top_k, timeout))
-    scores = [
-        in_list_ndcg([qrels[q].get(d, 0) for d in answers[q][:5]]) if q in answers else 0.0 for q in queries
-    ]
+    scores = [in_list_ndcg([qrels[q].get(d, 0) for d in answers[q][:5]]) if q in answers else 0.0 for q in queries]
     standard = evaluate_run(qrels, answers) if answers else {}
     ordered = sorted(seconds)
     return {

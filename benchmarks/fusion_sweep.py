@@ -36,24 +36,50 @@ def main() -> None:
     for neighbors in (5, 10, 15, 20):
         engine.memory.neighbors = neighbors
         memory = {q: [d for d, _ in engine.memory.search(vectors[q], 100)] for q in queries}
-        for k, w_bm25, w_dense, w_memory in itertools.product((10, 30, 60, 100), (0.5, 1.0), (0.5, 1.0), (1.0, 1.5, 2.0)):
+        for k, w_bm25, w_dense, w_memory in itertools.product(
+            (10, 30, 60, 100), (0.5, 1.0), (0.5, 1.0), (1.0, 1.5, 2.0)
+        ):
             run = {
-                q: [d for d, _ in reciprocal_rank_fusion(
-                    {"bm25": bm25[q], "dense": dense[q], "memory": memory[q]},
-                    k=k, weights={"bm25": w_bm25, "dense": w_dense, "memory": w_memory},
-                )][:100]
+                q: [
+                    d
+                    for d, _ in reciprocal_rank_fusion(
+                        {"bm25": bm25[q], "dense": dense[q], "memory": memory[q]},
+                        k=k,
+                        weights={"bm25": w_bm25, "dense": w_dense, "memory": w_memory},
+                    )
+                ][:100]
                 for q in queries
             }
             metrics = evaluate_run(qrels, run)
-            rows.append({"memory_neighbors": neighbors, "rrf_k": k, "bm25_weight": w_bm25,
-                         "dense_weight": w_dense, "memory_weight": w_memory, **metrics})
+            rows.append(
+                {
+                    "memory_neighbors": neighbors,
+                    "rrf_k": k,
+                    "bm25_weight": w_bm25,
+                    "dense_weight": w_dense,
+                    "memory_weight": w_memory,
+                    **metrics,
+                }
+            )
     rows.sort(key=lambda r: -r["nDCG@10"])
     out = Path("benchmarks/results") / f"fusion-sweep-{args.split}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     for row in rows[:8]:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    default = next(r for r in rows if (r["memory_neighbors"], r["rrf_k"], r["bm25_weight"], r["dense_weight"], r["memory_weight"]) == (10, 60, 1.0, 1.0, 1.0))
-    print("default", {k: round(v, 4) if isinstance(v, float) else v for k, v in default.items()}, "rank", rows.index(default) + 1, "of", len(rows))
+    default = next(
+        r
+        for r in rows
+        if (r["memory_neighbors"], r["rrf_k"], r["bm25_weight"], r["dense_weight"], r["memory_weight"])
+        == (10, 60, 1.0, 1.0, 1.0)
+    )
+    print(
+        "default",
+        {k: round(v, 4) if isinstance(v, float) else v for k, v in default.items()},
+        "rank",
+        rows.index(default) + 1,
+        "of",
+        len(rows),
+    )
 
 
 if __name__ == "__main__":

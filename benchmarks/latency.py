@@ -121,7 +121,13 @@ async def _http_load(door: str, url: str, queries: list[str], concurrency: int, 
         else:
             await asyncio.gather(*(worker(client, None) for _ in range(concurrency)))
     wall = time.perf_counter() - started
-    return {"door": door, "concurrency": concurrency, "errors": errors, "qps": len(latencies) / wall, **percentiles(latencies or [0.0])}
+    return {
+        "door": door,
+        "concurrency": concurrency,
+        "errors": errors,
+        "qps": len(latencies) / wall,
+        **percentiles(latencies or [0.0]),
+    }
 
 
 async def _one_request(door: str, url: str, client, session, query: str, top_k: int) -> None:
@@ -152,7 +158,9 @@ async def _one_request(door: str, url: str, client, session, query: str, top_k: 
         raise ValueError(f"unknown front door {door!r} (rest, mcp or a2a)")
 
 
-def bench_http(door: str, url: str, queries: list[str], concurrency: list[int], top_k: int = 5, timeout: float = 60) -> dict:
+def bench_http(
+    door: str, url: str, queries: list[str], concurrency: list[int], top_k: int = 5, timeout: float = 60
+) -> dict:
     """End-to-end latency through one front door at each concurrency level."""
     runs = [asyncio.run(_http_load(door, url, queries, c, top_k, timeout)) for c in concurrency]
     return {"machine": machine(), "door": door, "url": url, "queries": len(queries), "runs": runs}

@@ -72,16 +72,24 @@ def main() -> None:
     report = {"rrf (served)": evaluate_run(dev, {q: ids for q, (_, ids) in dev_items})}
     for leaves, trees in ((15, 200), (31, 300)):
         model = lightgbm.LGBMRanker(
-            objective="lambdarank", n_estimators=trees, num_leaves=leaves, learning_rate=0.05,
-            label_gain=[0, 1, 3], random_state=args.seed, verbose=-1,
+            objective="lambdarank",
+            n_estimators=trees,
+            num_leaves=leaves,
+            learning_rate=0.05,
+            label_gain=[0, 1, 3],
+            random_state=args.seed,
+            verbose=-1,
         )
         model.fit(np.vstack(features), np.asarray(labels), group=groups)
         run = {q: [ids[i] for i in np.argsort(-model.predict(x), kind="stable")] for q, (x, ids) in dev_items}
         report[f"lambdamart {leaves} leaves, {trees} trees"] = evaluate_run(dev, run)
     out = Path("benchmarks/results/learned-fusion-dev.json")
-    out.write_text(json.dumps({"train_split": train_split, "train_queries": len(train_ids), "dev": report}, indent=2) + "\n")
+    out.write_text(
+        json.dumps({"train_split": train_split, "train_queries": len(train_ids), "dev": report}, indent=2) + "\n"
+    )
     for name, metrics in report.items():
-        print(f"{name:32s} nDCG@5 {metrics['nDCG@5']:.4f}  nDCG@10 {metrics['nDCG@10']:.4f}  in-list NDCG@5 {metrics['in-list NDCG@5']:.4f}")
+        scores = "  ".join(f"{m} {metrics[m]:.4f}" for m in ("nDCG@5", "nDCG@10", "in-list NDCG@5"))
+        print(f"{name:32s} {scores}")
 
 
 if __name__ == "__main__":

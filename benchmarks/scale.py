@@ -84,9 +84,14 @@ def main() -> None:
             if kind == "flat":
                 truth = found
             recall = float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth, strict=True)]))
-            row = {"documents": size, "index": kind, "build_s": round(build_s, 2),
-                   "bytes": int(faiss.serialize_index(index).size), "recall@10_vs_exact": recall,
-                   **{f"query_ms_{k}": v for k, v in percentiles(latencies).items() if k in ("p50", "p95")}}
+            row = {
+                "documents": size,
+                "index": kind,
+                "build_s": round(build_s, 2),
+                "bytes": int(faiss.serialize_index(index).size),
+                "recall@10_vs_exact": recall,
+                **{f"query_ms_{k}": v for k, v in percentiles(latencies).items() if k in ("p50", "p95")},
+            }
             rows.append(row)
             print(row, flush=True)
             del index

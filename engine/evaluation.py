@@ -56,9 +56,7 @@ def evaluate_run(qrels: Qrels, run: Run) -> dict[str, float]:
     mrr = pytrec_eval.RelevanceEvaluator(judged, {"recip_rank"}).evaluate(top10)
     report = {label: _mean(per_query, m) for m, label in MEASURES.items()}
     report["MRR@10"] = _mean(mrr, "recip_rank")
-    report["in-list NDCG@5"] = statistics.fmean(
-        in_list_ndcg([judged[q].get(d, 0) for d in run[q][:5]]) for q in judged
-    )
+    report["in-list NDCG@5"] = statistics.fmean(in_list_ndcg([judged[q].get(d, 0) for d in run[q][:5]]) for q in judged)
     report["queries"] = len(judged)
     return report
 
@@ -102,7 +100,11 @@ def stage_runs(engine, queries: Mapping[str, str], depth: int = 100, progress: b
         fused = [d for d, _ in result.fused[:depth]]
         runs["rrf"][qid] = fused
         if result.reranked is not None:
-            head = [d for d, _ in result.reranked]
-            seen = set(head)
-            runs["rrf+rerank"][qid] = head + [d for d in fused if d not in seen][: depth - len(head)]
+            runs["rrf+rerank"][qid] = continue_with_fused([d for d, _ in result.reranked], fused, depth)
     return runs
+
+
+def continue_with_fused(head: list[str], fused: list[str], depth: int = 100) -> list[str]:
+    """A reranked head followed by the rest of the fused ranking, ``depth`` documents in all."""
+    seen = set(head)
+    return head + [d for d in fused if d not in seen][: depth - len(head)]

@@ -22,3 +22,19 @@ def reciprocal_rank_fusion(
             best_rank[doc_id] = min(best_rank.get(doc_id, rank), rank)
     order = sorted(scores, key=lambda d: (-scores[d], best_rank[d], d))
     return [(doc_id, scores[doc_id]) for doc_id in order]
+
+
+def blend_reranking(
+    head: Sequence[str], scores: Sequence[float], blend: float, k: float = 60.0
+) -> list[tuple[str, float]]:
+    """Order the fused head by the cross-encoder's ``scores``, softened by the fused order.
+
+    ``blend`` 1 is the reranker's order with its scores; below 1 it is a weighted RRF of the two
+    orders (reranker ``blend``, fusion ``1 - blend``), which keeps what fusion knows that a small
+    reranker does not (on NFCorpus: the train-judgment memory).
+    """
+    ranked = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+    if blend >= 1.0:
+        return [(head[i], float(scores[i])) for i in ranked]
+    orders = {"fused": list(head), "rerank": [head[i] for i in ranked]}
+    return reciprocal_rank_fusion(orders, k=k, weights={"fused": 1.0 - blend, "rerank": blend})

@@ -19,7 +19,9 @@ VECTORS_FILE = "queries.npy"
 JUDGMENTS_FILE = "judgments.json"
 
 
-def write_memory(folder: Path, vectors: np.ndarray, qrels: Mapping[str, Mapping[str, int]], query_ids: list[str]) -> None:
+def write_memory(
+    folder: Path, vectors: np.ndarray, qrels: Mapping[str, Mapping[str, int]], query_ids: list[str]
+) -> None:
     """Rows of ``vectors`` are the normalised embeddings of ``query_ids``, in that order."""
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / VECTORS_FILE, vectors.astype(np.float32))

@@ -10,7 +10,7 @@ from pathlib import Path
 from engine.batching import RerankBatcher
 from engine.config import Settings
 from engine.dense import DenseRetriever
-from engine.fusion import reciprocal_rank_fusion
+from engine.fusion import blend_reranking, reciprocal_rank_fusion
 from engine.index_dir import BM25_DIR, DENSE_FILE, MEMORY_DIR, Manifest, read_docs, read_manifest
 from engine.lucene import BM25Retriever
 from engine.memory import JudgmentMemory
@@ -47,6 +47,7 @@ class StageResult:
     fused: list[tuple[str, float]]
     reranked: list[tuple[str, float]] | None
     seconds: dict[str, float] = field(default_factory=dict)
+    rerank_scores: dict[str, float] = field(default_factory=dict)
 
 
 class HybridEngine:
@@ -61,7 +62,9 @@ class HybridEngine:
         self.docs = {doc.doc_id: doc for doc in docs}
         self.bm25 = BM25Retriever(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b)
         encoder = load_encoder(self.manifest.encoder, self.device)
-        self.dense = DenseRetriever(index_dir / DENSE_FILE, [d.doc_id for d in docs], encoder, settings.hnsw_ef_search)
+        self.dense = DenseRetriever(
+            index_dir / DENSE_FILE, [d.doc_id for d in docs], encoder, settings.hnsw_ef_search, self.device
+        )
         self.memory = self._load_memory(index_dir)
         self.reranker = self._load_reranker()
 
@@ -75,10 +78,13 @@ class HybridEngine:
             return None
         path = self.settings.reranker_path
         if self.settings.reranker is None and not Path(path).is_dir():
-            log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
+            log.warning(
+                "no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path
+            )
             return None
         try:
-            reranker = Reranker(path, self.device, self.settings.max_length, self.settings.rerank_batch_size)
+            s = self.settings
+            reranker = Reranker(path, self.device, s.max_length, s.rerank_batch_size, s.rerank_runtime)
         except RerankerError as exc:
             if self.settings.reranker is not None:
                 raise
@@ -106,15 +112,15 @@ class HybridEngine:
         fused = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
         t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
-        reranked = None
+        reranked, rerank_scores = None, {}
         if self.reranker is not None:
             head = [doc_id for doc_id, _ in fused[: max(s.rerank_depth_for(self.device), top_k)]]
             scores = self.reranker.score(query, [self.docs[d].contents for d in head])
-            order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
-            reranked = [(head[i], scores[i]) for i in order]
+            rerank_scores = dict(zip(head, scores, strict=True))
+            reranked = blend_reranking(head, scores, s.rerank_blend, s.rrf_k)
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
-        return StageResult(bm25, dense, memory, fused, reranked, seconds)
+        return StageResult(bm25, dense, memory, fused, reranked, seconds, rerank_scores)
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         """Exactly ``top_k`` unique documents (fewer only if the corpus is smaller), best first."""
@@ -148,7 +154,7 @@ class HybridEngine:
                     dense_rank=d_rank,
                     dense_score=d_score,
                     memory_rank=memory.get(doc_id),
-                    rerank_score=score if result.reranked is not None else None,
+                    rerank_score=result.rerank_scores.get(doc_id),
                 )
             )
         return hits

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from engine.models import resolve_model
-
+from engine.onnx_runtime import OnnxCrossEncoder
 
 log = logging.getLogger(__name__)
 
@@ -16,20 +16,39 @@ class RerankerError(RuntimeError):
 
 
 class Reranker:
-    """Scores (query, document) pairs jointly; fp16 on CUDA, length-sorted batches."""
+    """Scores (query, document) pairs jointly, in length-sorted batches.
 
-    def __init__(self, name: str, device: str, max_length: int = 256, batch_size: int = 32) -> None:
+    ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
+    ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch.
+    """
+
+    def __init__(
+        self, name: str, device: str, max_length: int = 256, batch_size: int = 32, runtime: str = "auto"
+    ) -> None:
         from sentence_transformers import CrossEncoder
 
         source = resolve_model(name)
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             raise RerankerError(f"{name}: not a model folder (no config.json)")
+        wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" else "torch")
         try:
-            self.model = CrossEncoder(source, device=device, max_length=max_length, num_labels=1)
+            self.model = CrossEncoder(
+                source, device="cpu" if wanted == "onnx" else device, max_length=max_length, num_labels=1
+            )
         except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
             raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
-        if device == "cuda":
+        self.onnx: OnnxCrossEncoder | None = None
+        if wanted == "onnx":
+            try:
+                self.onnx = OnnxCrossEncoder(self.model, source, device, max_length)
+            except Exception as exc:  # tracing or the runtime failed: say so, and why
+                if runtime == "onnx":
+                    raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc
+                log.warning("ONNX Runtime cannot run %s (%s); scoring with torch", name, exc)
+                self.model.to(device)
+        if self.onnx is None and device == "cuda":
             self.model.half()
+        self.runtime = "onnx" if self.onnx is not None else "torch"
         self.name = name
         self.device = device
         self.batch_size = batch_size
@@ -48,6 +67,8 @@ class Reranker:
 
         if not pairs:
             return []
+        if self.onnx is not None:
+            return [float(s) for s in self.onnx.predict(pairs, self.batch_size)]
         batch = self.batch_size
         while True:
             try:

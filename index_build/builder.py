@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -67,7 +67,7 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
             memory=memory,
             versions=_versions(),
             build_seconds=round(time.perf_counter() - started, 2),
-            built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            built_at=datetime.now(UTC).isoformat(timespec="seconds"),
             settings={"device": device, "encode_batch_size": settings.encode_batch_size, "hnsw_m": settings.hnsw_m},
         )
         _keep_reranker(target, tmp, manifest.fingerprint)

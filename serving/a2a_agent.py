@@ -142,7 +142,7 @@ def agent_card(url: str) -> AgentCard:
                 id=SKILL_ID,
                 name="NFCorpus retrieval",
                 description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
-                '(or a data part with those keys). Output: one artifact with one data part '
+                "(or a data part with those keys). Output: one artifact with one data part "
                 '{"doc_ids": [...]} holding top_k ranked, unique NFCorpus document ids.',
                 tags=["retrieval", "search", "nfcorpus", "medical"],
                 examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],

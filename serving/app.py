@@ -48,7 +48,12 @@ class RequestLog:
         finally:
             log.info(
                 "[%s] %s %s %s -> %d in %.1f ms",
-                rid, self.door, scope["method"], scope["path"], status, (time.perf_counter() - started) * 1000,
+                rid,
+                self.door,
+                scope["method"],
+                scope["path"],
+                status,
+                (time.perf_counter() - started) * 1000,
             )
 
 

@@ -31,7 +31,9 @@ file named by --config or HYBRID_SEARCH_CONFIG; flags win over both."""
 def _paths(p: argparse.ArgumentParser, data: bool = False) -> None:
     p.add_argument("--index-dir", type=Path, help="index directory (default indexes/nfcorpus)")
     if data:
-        p.add_argument("--data", dest="data_dir", type=Path, help="BEIR dataset folder (default ../shared/datasets/nfcorpus)")
+        p.add_argument(
+            "--data", dest="data_dir", type=Path, help="BEIR dataset folder (default ../shared/datasets/nfcorpus)"
+        )
 
 
 def _device(p: argparse.ArgumentParser) -> None:
@@ -46,11 +48,19 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bm25-weight", type=float, help="BM25 weight in RRF (default 1.0)")
     g.add_argument("--dense-weight", type=float, help="dense weight in RRF (default 1.0)")
     g.add_argument("--memory-weight", type=float, help="judgment-memory weight in RRF (default 1.5)")
-    g.add_argument("--no-memory", dest="memory", action="store_false", default=None, help="leave the judgment memory out")
+    g.add_argument(
+        "--no-memory", dest="memory", action="store_false", default=None, help="leave the judgment memory out"
+    )
     g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
     g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 100 on CUDA, 6 on CPU)")
+    g.add_argument("--rerank-blend", type=float, help="reranker's share against the fused order, 0-1 (default 1)")
     g.add_argument("--max-length", type=int, help="cross-encoder tokens per pair (default 256)")
-    g.add_argument("--rerank-batch-wait-ms", type=float, help="CUDA only: wait to share rerank batches (default 3; 0 = off)")
+    g.add_argument(
+        "--rerank-runtime", choices=["auto", "torch", "onnx"], help="auto = ONNX Runtime on CPU, torch fp16 on CUDA"
+    )
+    g.add_argument(
+        "--rerank-batch-wait-ms", type=float, help="CUDA only: wait to share rerank batches (default 3; 0 = off)"
+    )
     g.add_argument("--no-rerank", dest="rerank", action="store_false", default=None, help="serve fused results")
     _device(p)
 
@@ -85,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="dev", help="judgments to score against (default dev)")
     p.add_argument("--num-queries", type=int, help="sample N judged queries (default: all; 100 with --agent-url)")
     p.add_argument("--seed", type=int, default=42, help="sampling seed, as the evaluator's (default 42)")
-    p.add_argument("--output", type=Path, help="folder for run files and summary (default benchmarks/results/eval-<split>)")
+    p.add_argument(
+        "--output", type=Path, help="folder for run files and summary (default benchmarks/results/eval-<split>)"
+    )
     g = p.add_argument_group("scoring a running A2A agent, as the benchmark's evaluator does")
     g.add_argument("--agent-url", help="A2A agent base URL, e.g. http://127.0.0.1:9010")
     g.add_argument("--top-k", type=int, default=5, help="documents asked for (default 5)")
@@ -103,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-5, help="learning rate (default 3e-5)")
     p.add_argument("--eval-every", type=int, default=None, help="steps between dev checkpoints (default: 4 per run)")
     p.add_argument("--eval-queries", type=int, default=None, help="dev queries per checkpoint (default all)")
+    p.add_argument(
+        "--freeze-layers", type=int, default=0, help="keep the embeddings and the first N layers fixed (CPU runs: 3)"
+    )
     p.add_argument("--seed", type=int, default=13)
     p.add_argument("--max-length", type=int, help="tokens per pair (default 256)")
     _device(p)
@@ -117,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-a2a", action="store_true", help="serve only MCP + REST")
     p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
     p.add_argument("--public-url", help="A2A URL advertised in the agent card (default http://HOST:PORT)")
-    p.add_argument("--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)")
+    p.add_argument(
+        "--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)"
+    )
     _search_options(p)
 
     p = sub.add_parser("bench", help="latency per stage in-process, or end to end through a front door")

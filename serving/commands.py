@@ -91,7 +91,12 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
         write_trec_run(out / f"run.{stage}.trec", run, stage)
     write_summary(
         out / "summary.json",
-        {"split": args.split, "index": str(settings.index_dir), "settings": _search_settings(settings), "stages": report},
+        {
+            "split": args.split,
+            "index": str(settings.index_dir),
+            "settings": _search_settings(settings),
+            "stages": report,
+        },
     )
     table = Table(title=f"{args.split}: {len(queries)} queries")
     columns = ["nDCG@5", "nDCG@10", "Recall@100", "MRR@10", "in-list NDCG@5"]
@@ -118,6 +123,7 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         lr=args.lr,
         eval_every=args.eval_every,
         eval_queries=args.eval_queries,
+        freeze_layers=args.freeze_layers,
         seed=args.seed,
     )
     card = train(settings, options)
@@ -190,6 +196,17 @@ def _opt(value: int | None) -> str:
 
 
 def _search_settings(settings: Settings) -> dict:
-    keys = ("bm25_depth", "dense_depth", "rrf_k", "bm25_weight", "dense_weight", "memory", "memory_weight",
-            "memory_neighbors", "rerank", "rerank_depth", "max_length")
+    keys = (
+        "bm25_depth",
+        "dense_depth",
+        "rrf_k",
+        "bm25_weight",
+        "dense_weight",
+        "memory",
+        "memory_weight",
+        "memory_neighbors",
+        "rerank",
+        "rerank_depth",
+        "max_length",
+    )
     return {k: getattr(settings, k) for k in keys} | {"reranker": settings.reranker_path if settings.rerank else None}

@@ -4,7 +4,6 @@ The HTTP app also carries the REST twin ``POST /search_nfcorpus`` (the way the b
 MCP service is called), ``GET /health`` and ``GET /metrics``.
 """
 
-
 import io
 import json
 import logging
@@ -68,7 +67,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         try:
             payload = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body must be JSON like {\"query\": \"...\", \"top_k\": 5}")
+            return _error(400, 'body must be JSON like {"query": "...", "top_k": 5}')
         try:
             hits = await service.search(SearchRequest.parse(payload, max_chars), door="rest")
         except BadRequest as exc:

@@ -39,14 +39,18 @@ async def main(url: str, text: str) -> None:
             parsed = json.loads(joined)
         except json.JSONDecodeError:
             parsed = None
-        print(json.dumps({
-            "card_name": card.name,
-            "state": task.status.state.value,
-            "joined": joined,
-            "parsed": parsed,
-            "artifacts": len(task.artifacts or []),
-            "parts": [p.root.kind for p in parts],
-        }))
+        print(
+            json.dumps(
+                {
+                    "card_name": card.name,
+                    "state": task.status.state.value,
+                    "joined": joined,
+                    "parsed": parsed,
+                    "artifacts": len(task.artifacts or []),
+                    "parts": [p.root.kind for p in parts],
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -73,6 +73,18 @@ def minilm_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def reranker_dir(tmp_path_factory, minilm_path) -> str:
+    """MiniLM as a cross-encoder with a seeded head, saved, so that every load scores alike."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("reranker")
+    CrossEncoder(minilm_path, num_labels=1).save_pretrained(str(folder))
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def engine(index_dir):
     from engine.config import Settings
     from engine.pipeline import HybridEngine

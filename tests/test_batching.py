@@ -7,10 +7,12 @@ from engine.dataset import load_dataset
 from engine.rerank import Reranker
 
 
-def test_concurrent_queries_share_batches_and_get_their_own_scores(minilm_path, beir_dir):
-    reranker = Reranker(minilm_path, "cpu", max_length=64)
+def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir, beir_dir):
+    reranker = Reranker(reranker_dir, "cpu", max_length=64)
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
-    jobs = [(f"question {i} about {['soy', 'coffee', 'rice', 'meat'][i % 4]}", docs[i : i + 3 + i % 4]) for i in range(12)]
+    jobs = [
+        (f"question {i} about {['soy', 'coffee', 'rice', 'meat'][i % 4]}", docs[i : i + 3 + i % 4]) for i in range(12)
+    ]
     alone = [reranker.score(q, p) for q, p in jobs]
     batcher = RerankBatcher(reranker, max_wait_s=0.2)
     try:

@@ -20,7 +20,10 @@ def test_help_teaches_every_command(capsys):
 
 
 def test_search_prints_a_table_and_json(index_dir, capsys):
-    assert main(["search", "markerstatin2 cholesterol", "--top-k", "3", "--index-dir", str(index_dir), "--device", "cpu"]) == 0
+    assert (
+        main(["search", "markerstatin2 cholesterol", "--top-k", "3", "--index-dir", str(index_dir), "--device", "cpu"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "D-statin-2" in out and "rank in that retriever" in out.replace("\n", " ")
     assert main(["search", "statins", "--top-k", "2", "--json", "--index-dir", str(index_dir), "--no-rerank"]) == 0
@@ -29,7 +32,17 @@ def test_search_prints_a_table_and_json(index_dir, capsys):
 
 
 def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
-    args = ["evaluate", "--split", "dev", "--index-dir", str(index_dir), "--data", str(beir_dir), "--output", str(tmp_path)]
+    args = [
+        "evaluate",
+        "--split",
+        "dev",
+        "--index-dir",
+        str(index_dir),
+        "--data",
+        str(beir_dir),
+        "--output",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["stages"]) == {"bm25", "dense", "memory", "rrf"}
@@ -65,7 +78,7 @@ def test_settings_layering(tmp_path, monkeypatch, index_dir):
     from serving.cli import settings_from
 
     toml = tmp_path / "hs.toml"
-    toml.write_text('rrf_k = 10.0\nrerank_depth = 7\n')
+    toml.write_text("rrf_k = 10.0\nrerank_depth = 7\n")
     monkeypatch.setenv("HYBRID_SEARCH_CONFIG", str(toml))
     monkeypatch.setenv("HYBRID_SEARCH_RERANK_DEPTH", "9")
     args = build_parser().parse_args(["search", "q", "--bm25-depth", "33"])

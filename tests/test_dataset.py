@@ -12,7 +12,9 @@ def test_loads_crlf_files_and_missing_titles(beir_dir):
     assert ds.corpus["D-soy-3"].title == ""
     assert ds.corpus["D-soy-0"].contents.startswith("Soy report 0 soy isoflavones")
     assert ds.qrels("dev")["Q-dev-soy"] == {"D-soy-0": 2, "D-soy-1": 1}
-    assert set(ds.split_queries("dev")) == {f"Q-dev-{t}" for t in ("vitamin", "statin", "soy", "coffee", "broccoli", "arsenic", "meat", "berries")}
+    assert set(ds.split_queries("dev")) == {
+        f"Q-dev-{t}" for t in ("vitamin", "statin", "soy", "coffee", "broccoli", "arsenic", "meat", "berries")
+    }
     assert ds.splits() == ["dev", "train"]
     assert len(fingerprint(beir_dir)) == 64
 

@@ -29,6 +29,21 @@ def test_dense_finds_the_topic(engine):
     assert sum(d.startswith("D-coffee") for d in top) >= 3
 
 
+def test_torch_flat_index_searches_like_faiss(engine, index_dir):
+    import faiss
+    import numpy as np
+
+    from engine.dense import TorchFlatIndex
+
+    index = faiss.read_index(str(index_dir / "dense.faiss"))
+    matmul = TorchFlatIndex(index.reconstruct_n(0, index.ntotal), "cpu")
+    query = engine.dense.encode_query("soy isoflavones and prostate cancer")
+    (faiss_scores, faiss_rows), (torch_scores, torch_rows) = index.search(query, 10), matmul.search(query, 10)
+    assert torch_rows.tolist() == faiss_rows.tolist()
+    assert np.allclose(torch_scores, faiss_scores, atol=1e-5)
+    assert engine.dense.backend == "faiss-cpu"
+
+
 def test_judgment_memory_votes_with_training_judgments(engine, index_dir):
     from engine.index_dir import read_manifest
 
@@ -59,8 +74,8 @@ def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
         engine.search("   ", 5)
 
 
-def test_reranker_order_is_respected(index_dir, minilm_path):
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=minilm_path, rerank_depth=6))
+def test_reranker_order_is_respected(index_dir, reranker_dir):
+    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6))
     result = engine.stages("coffee and liver enzymes", top_k=6)
     head = [d for d, _ in result.fused[:6]]
     assert sorted(d for d, _ in result.reranked) == sorted(head)
@@ -71,6 +86,29 @@ def test_reranker_order_is_respected(index_dir, minilm_path):
     assert [h.doc_id for h in hits] == expected
     assert all(h.rerank_score == h.score for h in hits)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_onnx_runtime_scores_like_torch(reranker_dir, engine):
+    import numpy as np
+
+    docs = [d.contents for d in engine.docs.values()]
+    query = "coffee and liver enzymes"
+    torch_scores = Reranker(reranker_dir, "cpu", max_length=64, runtime="torch").score(query, docs)
+    onnx = Reranker(reranker_dir, "cpu", max_length=64, runtime="onnx")
+    assert onnx.runtime == "onnx" and onnx.onnx.path.is_file()
+    assert np.allclose(onnx.score(query, docs), torch_scores, atol=1e-4)
+    assert Reranker(reranker_dir, "cpu", max_length=64).runtime == "onnx"  # auto, on a CPU
+
+
+def test_blended_reranking_keeps_rerank_scores_apart(index_dir, reranker_dir):
+    settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=0.5)
+    engine = HybridEngine(settings)
+    result = engine.stages("coffee and liver enzymes", top_k=6)
+    head = [d for d, _ in result.fused[:6]]
+    assert set(result.rerank_scores) == set(head)
+    hits = engine.hits(result, 6)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(h.rerank_score == result.rerank_scores[h.doc_id] for h in hits)
 
 
 def test_missing_default_reranker_serves_fused_results(engine, caplog):

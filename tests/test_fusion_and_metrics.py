@@ -1,7 +1,7 @@
 import pytest
 
 from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
-from engine.fusion import reciprocal_rank_fusion
+from engine.fusion import blend_reranking, reciprocal_rank_fusion
 
 
 def test_rrf_matches_hand_computation():
@@ -17,6 +17,16 @@ def test_rrf_weights_and_deterministic_ties():
     assert [d for d, _ in fused] == ["a", "b"]  # a: 2/2 + 1/3, b: 2/3 + 1/2
     tied = reciprocal_rank_fusion({"x": ["q", "p"], "y": ["p", "q"]}, k=60)
     assert [d for d, _ in tied] == ["p", "q"]  # equal scores and best ranks: by id
+
+
+def test_blend_reranking_between_the_two_orders():
+    head, scores = ["a", "b", "c"], [0.1, 0.9, 0.5]
+    assert blend_reranking(head, scores, 1.0) == [("b", 0.9), ("c", 0.5), ("a", 0.1)]
+    assert [d for d, _ in blend_reranking(head, scores, 0.0)] == head
+    # k=1, blend 0.3: a = 0.7/2 + 0.3/4 = 0.425, b = 0.7/3 + 0.3/2 = 0.383, c = 0.7/4 + 0.3/3 = 0.275
+    assert [d for d, _ in blend_reranking(head, scores, 0.3, k=1)] == ["a", "b", "c"]
+    # blend 0.6: a = 0.4/2 + 0.6/4 = 0.35, b = 0.4/3 + 0.6/2 = 0.433, c = 0.4/4 + 0.6/3 = 0.3
+    assert [d for d, _ in blend_reranking(head, scores, 0.6, k=1)] == ["b", "a", "c"]
 
 
 def test_in_list_ndcg_hand_computed():

@@ -6,21 +6,33 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]
 
 
-def test_fp16_reranker_on_cuda_ranks_like_the_cpu(minilm_path, beir_dir):
+def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
     from engine.dataset import load_dataset
     from engine.rerank import Reranker
 
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
-    cpu = Reranker(minilm_path, "cpu").score("caffeine and the liver", docs)
-    gpu = Reranker(minilm_path, "cuda").score("caffeine and the liver", docs)
+    cpu = Reranker(reranker_dir, "cpu").score("caffeine and the liver", docs)
+    gpu = Reranker(reranker_dir, "cuda").score("caffeine and the liver", docs)
     order = lambda scores: sorted(range(len(scores)), key=lambda i: -scores[i])[:10]  # noqa: E731
     assert order(gpu)[:5] == order(cpu)[:5]
 
 
-def test_engine_auto_picks_cuda(index_dir, minilm_path):
+def test_engine_auto_picks_cuda(index_dir, reranker_dir):
     from engine.config import Settings
     from engine.pipeline import HybridEngine
 
-    engine = HybridEngine(Settings(index_dir=index_dir, reranker=minilm_path))
+    engine = HybridEngine(Settings(index_dir=index_dir, reranker=reranker_dir))
     assert engine.device == "cuda" and engine.reranker.device == "cuda"
     assert len(engine.search("soy and prostate", 5)) == 5
+
+
+def test_dense_search_runs_on_the_gpu_and_finds_what_the_cpu_finds(index_dir):
+    from engine.config import Settings
+    from engine.pipeline import HybridEngine
+
+    gpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cuda"))
+    cpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cpu"))
+    assert gpu.dense.backend in ("faiss-gpu", "torch-cuda")
+    query = "caffeine and the liver"
+    top = [[d for d, _ in e.dense.search(e.dense.encode_query(query), 5)] for e in (gpu, cpu)]
+    assert top[0][:3] == top[1][:3]  # fp16 may swap near-ties further down

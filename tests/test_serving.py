@@ -47,8 +47,19 @@ def server(index_dir, tmp_path_factory):
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
     proc = _start(
-        ["serve", "--index-dir", str(index_dir), "--mcp-port", str(mcp_port), "--a2a-port", str(a2a_port),
-         "--device", "cpu", "--query-timeout", "20"],
+        [
+            "serve",
+            "--index-dir",
+            str(index_dir),
+            "--mcp-port",
+            str(mcp_port),
+            "--a2a-port",
+            str(a2a_port),
+            "--device",
+            "cpu",
+            "--query-timeout",
+            "20",
+        ],
         f"http://127.0.0.1:{mcp_port}/health",
         log,
     )
@@ -66,12 +77,16 @@ def server(index_dir, tmp_path_factory):
 
 # ---------------------------------------------------------------- REST and health
 
+
 def test_health_and_metrics(server):
     health = httpx.get(server["mcp"] + "/health").json()
     assert health["index_loaded"] is True and health["documents"] == 32 and health["device"] == "cpu"
     httpx.post(server["mcp"] + "/search_nfcorpus", json={"query": "soy", "top_k": 2})
     metrics = httpx.get(server["mcp"] + "/metrics").text
-    assert 'search_requests_total{door="rest"}' in metrics and 'search_stage_seconds_bucket{le="0.001",stage="bm25"}' in metrics
+    assert (
+        'search_requests_total{door="rest"}' in metrics
+        and 'search_stage_seconds_bucket{le="0.001",stage="bm25"}' in metrics
+    )
 
 
 def test_rest_search_returns_full_results(server):
@@ -117,6 +132,7 @@ def test_32_concurrent_requests_each_get_their_own_answer(server):
 
 
 # ---------------------------------------------------------------- MCP
+
 
 def _check_tool_listing(tools):
     tool = next(t for t in tools.tools if t.name == "search_nfcorpus")
@@ -173,6 +189,7 @@ def test_mcp_over_stdio(index_dir):
 
 # ---------------------------------------------------------------- A2A
 
+
 def test_agent_card_at_well_known_path_and_root(server):
     for path in ("/.well-known/agent-card.json", "/"):
         card = httpx.get(server["a2a"] + path).json()
@@ -217,7 +234,9 @@ def test_a2a_v1_client_text_and_data_parts(server):
     from a2a.helpers.proto_helpers import new_data_part
     from a2a.types.a2a_pb2 import Part
 
-    task = _a2a_v1(server["a2a"], [Part(text=json.dumps({"query": "broccoli sulforaphane markerbroccoli3", "top_k": 4}))])
+    task = _a2a_v1(
+        server["a2a"], [Part(text=json.dumps({"query": "broccoli sulforaphane markerbroccoli3", "top_k": 4}))]
+    )
     ids = _only_doc_ids(task)
     assert len(ids) == 4 and len(set(ids)) == 4 and "D-broccoli-3" in ids
     ids = _only_doc_ids(_a2a_v1(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
@@ -273,7 +292,9 @@ def test_a2a_v03_sdk_client_parses_reply_like_the_evaluator(server):
     def ask(payload: str) -> dict:
         out = subprocess.run(
             [str(A2A_V03_PYTHON), str(ROOT / "tests" / "a2a_v03_client.py"), server["a2a"], payload],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -304,11 +325,11 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
 
 
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):
+    from benchmarks.agent_eval import evaluate_agent
     from engine.config import Settings
     from engine.dataset import load_dataset
     from engine.evaluation import evaluate_run, sample_queries, stage_runs
     from engine.pipeline import HybridEngine
-    from benchmarks.agent_eval import evaluate_agent
 
     dataset = load_dataset(beir_dir)
     report = evaluate_agent(server["a2a"], dataset, "dev", num_queries=6, seed=42, top_k=5, timeout=60)
@@ -330,6 +351,8 @@ def test_a_query_past_the_time_limit_fails_cleanly(engine):
     try:
         with pytest.raises(QueryTimeout, match="longer than"):
             asyncio.run(service.search(SearchRequest("vitamin d and falls", 5), door="test"))
-        assert 'door="test",kind="timeout"' in __import__("prometheus_client").generate_latest(service.registry).decode()
+        assert (
+            'door="test",kind="timeout"' in __import__("prometheus_client").generate_latest(service.registry).decode()
+        )
     finally:
         service.close()

@@ -26,7 +26,9 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
     work_index = tmp_path / "idx"
     shutil.copytree(index_dir, work_index)
     settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
-    options = TrainOptions(base=minilm_path, max_steps=10, batch_queries=4, group_size=4, lr=1e-4, eval_every=5, mine_depth=12)
+    options = TrainOptions(
+        base=minilm_path, max_steps=10, batch_queries=4, group_size=4, lr=1e-4, eval_every=5, mine_depth=12
+    )
     card = train(settings, options, progress=False)
     assert card["train_split"] == "train" and card["steps"] == 10
     assert card["loss_last"] < card["loss_first"]

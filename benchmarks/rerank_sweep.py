@@ -1,0 +1,63 @@
+"""Sweep rerank depth and the reranker/fusion blend on a split (dev), with the installed reranker.
+
+    python -m benchmarks.rerank_sweep --split dev --depths 6,10,20 --max-length 256
+
+The cross-encoder scores each query's fused top ``max(depths)`` once; every (depth, blend) setting
+is then recomputed from those scores, so the sweep costs one reranking pass. Writes
+``benchmarks/results/rerank-sweep-<split>.json`` sorted by nDCG@10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.config import Settings
+from engine.dataset import load_dataset
+from engine.evaluation import continue_with_fused, evaluate_run
+from engine.fusion import blend_reranking
+from engine.pipeline import HybridEngine
+
+BLENDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
+    parser.add_argument("--data", type=Path, default=Settings().data_dir)
+    parser.add_argument("--depths", default="6,10,20", help="comma-separated rerank depths")
+    parser.add_argument("--max-length", type=int, default=Settings().max_length)
+    args = parser.parse_args()
+    depths = sorted(int(d) for d in args.depths.split(","))
+    dataset = load_dataset(args.data)
+    qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
+    settings = Settings(index_dir=args.index_dir, rerank_depth=depths[-1], rerank_blend=1.0, max_length=args.max_length)
+    engine = HybridEngine(settings)
+    if engine.reranker is None:
+        raise SystemExit(f"no reranker at {settings.reranker_path}: train one with `hybrid-search train-reranker`")
+    results = {}
+    for qid, text in tqdm(queries.items(), desc="reranking", unit="query"):
+        result = engine.stages(text, top_k=1)
+        results[qid] = ([d for d, _ in result.fused[:100]], result.rerank_scores)
+    rows = []
+    for depth in depths:
+        for blend in BLENDS:
+            run = {}
+            for qid, (fused, scores) in results.items():
+                head = fused[:depth]
+                blended = blend_reranking(head, [scores[d] for d in head], blend, settings.rrf_k)
+                run[qid] = continue_with_fused([d for d, _ in blended], fused)
+            rows.append({"depth": depth, "blend": blend, "max_length": args.max_length, **evaluate_run(qrels, run)})
+    rows.sort(key=lambda r: -r["nDCG@10"])
+    out = Path("benchmarks/results") / f"rerank-sweep-{args.split}.json"
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    for row in rows:
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+
+
+if __name__ == "__main__":
+    main()

