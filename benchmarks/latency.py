@@ -87,7 +87,26 @@ def bench_engine(engine, queries: list[str], depths: list[int], concurrency: lis
         wall = time.perf_counter() - started
         report["concurrency"][workers] = {"qps": len(queries) / wall, **percentiles(latencies)}
     engine.reranker, engine.settings.rerank_depth = reranker, configured_depth
+    report["rerank_budget"] = rerank_budget(report["depths"])
     return report
+
+
+BUDGETS_MS = (10, 25, 50, 100, 250, 500, 1000)
+
+
+def rerank_budget(depths: dict) -> dict:
+    """What rerank depth each end-to-end latency budget allows: the deepest depth measured whose
+    p95 fits, and the per-pair cost (least squares over the depths) to extrapolate from."""
+    swept = sorted((int(d), stats) for d, stats in depths.items())
+    ranked = [(d, stats["rerank"]["p50"]) for d, stats in swept if d > 0 and "rerank" in stats]
+    per_pair = None
+    if len(ranked) >= 2:
+        xs, ys = np.array([d for d, _ in ranked], float), np.array([ms for _, ms in ranked], float)
+        per_pair = float(np.polyfit(xs, ys, 1)[0])
+    fits = {
+        budget: max((d for d, stats in swept if stats["total"]["p95"] <= budget), default=None) for budget in BUDGETS_MS
+    }
+    return {"rerank_ms_per_pair": per_pair, "deepest_depth_within_p95_ms": fits}
 
 
 async def _http_load(door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float) -> dict:

@@ -98,7 +98,34 @@ def main() -> None:
     out = Path("benchmarks/results") / machine_name()
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
-    print(f"saved {out / 'scale.json'}")
+    plot(rows, out / "scale.png")
+    print(f"saved {out / 'scale.json'} and scale.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Query p50 and index size against corpus size, one line per index kind (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (latency, size) = plt.subplots(1, 2, figsize=(10, 4))
+    for kind in sorted({r["index"] for r in rows}):
+        mine = [r for r in rows if r["index"] == kind]
+        xs = [r["documents"] for r in mine]
+        latency.plot(xs, [r["query_ms_p50"] for r in mine], marker="o", label=kind)
+        size.plot(xs, [r["bytes"] / 2**20 for r in mine], marker="o", label=kind)
+    for ax, label in ((latency, "query p50 (ms)"), (size, "index size (MiB)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("documents")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("dense index cost by corpus size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

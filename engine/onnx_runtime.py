@@ -72,6 +72,8 @@ class OnnxCrossEncoder:
         if device == "cuda":
             providers.insert(0, "CUDAExecutionProvider")
         self.session = ort.InferenceSession(str(path), options, providers=providers)
+        if device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
+            log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): reranking on the CPU")
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.tokenizer = cross_encoder.tokenizer
         self.activation = cross_encoder.activation_fn

@@ -142,9 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", choices=["engine", "rest", "mcp", "a2a"], help="engine = in-process per stage")
     p.add_argument("--url", help="front door URL, e.g. http://127.0.0.1:8000/search_nfcorpus, .../mcp, or the A2A root")
     p.add_argument("--num-queries", type=int, default=50, help="dev queries to send (default 50)")
-    p.add_argument("--depths", default="0,10,20,50", help="rerank depths to sweep, engine only (default 0,10,20,50)")
-    p.add_argument("--concurrency", default="1,8", help="concurrent clients to sweep (default 1,8)")
+    p.add_argument(
+        "--depths",
+        help="rerank depths, engine only; 0 = none (default 0,10,20,50,100,200 on CUDA, 0,6,10,20 on CPU)",
+    )
+    p.add_argument("--concurrency", default="1,8", help="concurrent clients to sweep, e.g. 1,8,32,64,128 (default 1,8)")
     p.add_argument("--name", help="result file name (default: the target)")
+    p.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
     _search_options(p)
 
     p = sub.add_parser("mcp-stdio", help="serve the MCP tool over stdio, for hosts that launch tools")

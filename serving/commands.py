@@ -157,9 +157,11 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
     queries = list(dataset.split_queries("dev").values())[: args.num_queries]
     concurrency = _int_list(args.concurrency, "--concurrency")
     if args.target == "engine":
+        from engine.models import pick_device
         from engine.pipeline import HybridEngine
 
-        depths = _int_list(args.depths, "--depths")
+        default_depths = "0,10,20,50,100,200" if pick_device(settings.device) == "cuda" else "0,6,10,20"
+        depths = _int_list(args.depths or default_depths, "--depths")
         if max(depths) > 0 and settings.reranker is None and not Path(settings.reranker_path).is_dir():
             from engine.models import resolve_model
 
@@ -170,7 +172,7 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
         if not args.url:
             raise ValueError(f"--url is required to benchmark the {args.target} front door")
         report = bench_http(args.target, args.url, queries, concurrency)
-    path = save(report, args.name or args.target)
+    path = save(report, args.name or args.target, args.output)
     console.print_json(json.dumps(report))
     console.print(f"saved {path} and its plot")
     return 0

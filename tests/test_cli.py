@@ -85,3 +85,19 @@ def test_settings_layering(tmp_path, monkeypatch, index_dir):
     s = settings_from(args)
     assert (s.rrf_k, s.rerank_depth, s.bm25_depth) == (10.0, 9, 33)
     assert Settings().dense_index == "flat"
+
+
+def test_bench_engine_reports_stages_and_the_depth_each_budget_allows(index_dir, beir_dir, reranker_dir, tmp_path):
+    args = ["bench", "engine", "--index-dir", str(index_dir), "--data", str(beir_dir), "--reranker", reranker_dir]
+    args += ["--depths", "0,2,4", "--concurrency", "1,2", "--num-queries", "4", "--output", str(tmp_path)]
+    assert main([*args, "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "engine.json").read_text())
+    assert (tmp_path / "engine.png").stat().st_size > 0
+    assert set(report["depths"]) == {"0", "2", "4"} and "rerank" not in report["depths"]["0"]
+    assert {"bm25", "encode", "dense", "fusion", "rerank", "total"} <= set(report["depths"]["4"])
+    assert report["depths"]["4"]["total"]["p99"] >= report["depths"]["4"]["total"]["p50"] > 0
+    assert set(report["concurrency"]) == {"1", "2"} and report["concurrency"]["2"]["qps"] > 0
+    budget = report["rerank_budget"]
+    assert budget["rerank_ms_per_pair"] is not None
+    fits = budget["deepest_depth_within_p95_ms"]
+    assert fits["1000"] in (0, 2, 4) and all(d is None or d <= fits["1000"] for d in fits.values())

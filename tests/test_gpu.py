@@ -36,3 +36,19 @@ def test_dense_search_runs_on_the_gpu_and_finds_what_the_cpu_finds(index_dir):
     query = "caffeine and the liver"
     top = [[d for d, _ in e.dense.search(e.dense.encode_query(query), 5)] for e in (gpu, cpu)]
     assert top[0][:3] == top[1][:3]  # fp16 may swap near-ties further down
+
+
+def test_onnx_runtime_cuda_provider_ranks_like_torch(reranker_dir, beir_dir):
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is not installed")
+    from engine.dataset import load_dataset
+    from engine.rerank import Reranker
+
+    docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
+    torch_scores = Reranker(reranker_dir, "cuda", runtime="torch").score("caffeine and the liver", docs)
+    onnx = Reranker(reranker_dir, "cuda", runtime="onnx")
+    assert "CUDAExecutionProvider" in onnx.onnx.session.get_providers()
+    onnx_scores = onnx.score("caffeine and the liver", docs)
+    order = lambda scores: sorted(range(len(scores)), key=lambda i: -scores[i])[:5]  # noqa: E731
+    assert order(onnx_scores) == order(torch_scores)
