@@ -94,8 +94,12 @@ class HybridEngine:
             return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000)
         return reranker
 
-    def stages(self, query: str, top_k: int = 10) -> StageResult:
-        """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``."""
+    def stages(self, query: str, top_k: int = 10, exclude: str | None = None) -> StageResult:
+        """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``.
+
+        ``exclude`` names a training query to leave out of the judgment memory, so that training
+        and mining see a training query's candidates as a new query would (without its own labels).
+        """
         s = self.settings
         seconds: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -105,7 +109,7 @@ class HybridEngine:
         t_enc = time.perf_counter()
         dense = self.dense.search(vector, max(s.dense_depth, top_k))
         t_dense = time.perf_counter()
-        memory = self.memory.search(vector, s.memory_depth) if self.memory else []
+        memory = self.memory.search(vector, s.memory_depth, exclude=exclude) if self.memory else []
         t2 = time.perf_counter()
         rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
         weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}

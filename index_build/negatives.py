@@ -1,23 +1,36 @@
-"""Hard negatives for reranker training, mined with the project's own retrievers."""
+"""Training candidates for the reranker, mined with the project's own retrievers."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
 
-def mine_hard_negatives(
-    engine, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], depth: int = 30, progress: bool = True
-) -> dict[str, list[str]]:
-    """Top fused BM25 + dense candidates of each query that carry no judgment at all.
+@dataclass
+class Mined:
+    """Per training query: judged positives (id -> grade) and unjudged documents among its candidates."""
 
-    Judged documents of any grade are left out: NFCorpus judges generously, so a judged 0 is rarer
-    than an unjudged relevant one, and a judged positive must never be trained as a negative.
+    positives: dict[str, dict[str, int]]
+    negatives: dict[str, list[str]]
+
+
+def mine_candidates(
+    engine, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], depth: int = 30, progress: bool = True
+) -> Mined:
+    """Split each training query's fused top ``depth`` into judged positives and hard negatives.
+
+    The query is left out of the judgment memory, so its candidates are what the reranker would see
+    for a new query; otherwise the memory returns the query's own labels and the "hard" negatives
+    become whatever lexical matches are left. Positives come from the same list, which is the
+    decision reranking makes. Judged documents of any grade are never negatives: NFCorpus judges
+    generously, so a judged 0 is rarer than an unjudged relevant one.
     """
-    mined: dict[str, list[str]] = {}
-    for qid, text in tqdm(queries.items(), desc="mining negatives", unit="query", disable=not progress):
+    mined = Mined({}, {})
+    for qid, text in tqdm(queries.items(), desc="mining candidates", unit="query", disable=not progress):
         judged = qrels.get(qid, {})
-        fused = engine.stages(text, top_k=depth).fused
-        mined[qid] = [doc_id for doc_id, _ in fused[:depth] if doc_id not in judged]
+        fused = [doc_id for doc_id, _ in engine.stages(text, top_k=depth, exclude=qid).fused[:depth]]
+        mined.positives[qid] = {d: judged[d] for d in fused if judged.get(d, 0) > 0}
+        mined.negatives[qid] = [d for d in fused if d not in judged]
     return mined

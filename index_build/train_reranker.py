@@ -1,10 +1,10 @@
 """Fine-tune the project's cross-encoder on a corpus's train judgments.
 
-Recipe: for each training query, one judged positive (sampled in proportion to its grade) and
-``group_size - 1`` hard negatives mined by our own BM25 + dense retrievers; the loss is a softmax
-cross-entropy over the group (listwise "localized contrastive estimation", Gao et al. 2021), which
-teaches exactly what reranking needs: put the relevant document above the ones retrieval confuses
-with it. Checkpoints are chosen by dev nDCG@10 through the real engine pipeline, never by loss.
+Recipe: each training query's fused top candidates are retrieved as for a new query (the judgment
+memory leaves the query out); one judged positive among them (sampled in proportion to its grade)
+and ``group_size - 1`` unjudged ones form a group, and the loss is a softmax cross-entropy over the
+group (listwise "localized contrastive estimation", Gao et al. 2021). That is exactly the decision
+reranking makes. Checkpoints are chosen by dev nDCG@10 through the real engine pipeline, never by loss.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
 from engine.pipeline import HybridEngine
 from engine.rerank import Reranker
-from index_build.negatives import mine_hard_negatives
+from index_build.negatives import mine_candidates
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"
@@ -61,8 +61,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     dataset = dataset or load_dataset(settings.data_dir)
     split = options.split or ("train.graded" if "train.graded" in dataset.splits() else "train")
     qrels = dataset.qrels(split)
-    positives = {q: {d: g for d, g in docs.items() if g > 0} for q, docs in qrels.items()}
-    train_ids = sorted(q for q, docs in positives.items() if docs)
+    train_ids = sorted(q for q, docs in qrels.items() if any(g > 0 for g in docs.values()))
     if options.queries:
         train_ids = rng.sample(train_ids, min(options.queries, len(train_ids)))
     eval_qrels = dataset.qrels(options.eval_split)
@@ -71,12 +70,14 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         eval_queries = dict(list(eval_queries.items())[: options.eval_queries])
 
     engine = HybridEngine(settings.model_copy(update={"rerank": False}))
-    negatives = mine_hard_negatives(
-        engine, {q: dataset.queries[q] for q in train_ids}, qrels, options.mine_depth, progress
-    )
-    train_ids = [q for q in train_ids if len(negatives[q]) >= options.group_size - 1]
+    mined = mine_candidates(engine, {q: dataset.queries[q] for q in train_ids}, qrels, options.mine_depth, progress)
+    positives, negatives = mined.positives, mined.negatives
+    train_ids = [q for q in train_ids if positives[q] and len(negatives[q]) >= options.group_size - 1]
     if not train_ids:
-        raise ValueError(f"no {split} query has {options.group_size - 1} unjudged candidates to use as negatives")
+        raise ValueError(
+            f"no {split} query has a judged document and {options.group_size - 1} unjudged ones"
+            f" among its top {options.mine_depth} candidates"
+        )
 
     device = pick_device(settings.device)
     from sentence_transformers import CrossEncoder
@@ -126,7 +127,8 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "data": str(Path(dataset.root).resolve()),
         "train_split": split,
         "train_queries": len(train_ids),
-        "loss": f"listwise softmax cross-entropy, 1 positive + {options.group_size - 1} hard negatives",
+        "loss": f"listwise softmax cross-entropy, 1 positive + {options.group_size - 1} hard negatives"
+        f" from the top {options.mine_depth} candidates (memory leave-one-out)",
         "options": asdict(options),
         "max_length": settings.max_length,
         "steps": steps,

@@ -5,19 +5,20 @@ import pytest
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.pipeline import HybridEngine
-from index_build.negatives import mine_hard_negatives
+from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
 
 
-def test_hard_negatives_are_never_judged(engine, beir_dir):
+def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_dir):
     dataset = load_dataset(beir_dir)
     qrels = dataset.qrels("train")
     queries = dataset.split_queries("train")
-    mined = mine_hard_negatives(engine, queries, qrels, depth=10, progress=False)
-    assert set(mined) == set(queries)
-    for qid, negatives in mined.items():
+    mined = mine_candidates(engine, queries, qrels, depth=10, progress=False)
+    assert set(mined.negatives) == set(mined.positives) == set(queries)
+    for qid, negatives in mined.negatives.items():
         assert negatives and not set(negatives) & set(qrels[qid])
-        assert len(negatives) == len(set(negatives)) <= 10
+        assert mined.positives[qid] and all(qrels[qid][d] == g > 0 for d, g in mined.positives[qid].items())
+        assert len(negatives) + len(mined.positives[qid]) <= 10 and len(negatives) == len(set(negatives))
 
 
 def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path):
