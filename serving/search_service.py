@@ -98,7 +98,9 @@ class SearchService:
             "device": engine.device,
             "encoder": engine.manifest.encoder,
             "reranker": engine.reranker.name if engine.reranker else None,
+            "reranker_runtime": engine.reranker.runtime if engine.reranker else None,
             "rerank_depth": self.settings.rerank_depth_for(engine.device) if engine.reranker else 0,
+            "dense_search": engine.dense.backend,
             "load_seconds": round(self.load_seconds, 2),
         }
 

@@ -81,6 +81,7 @@ def server(index_dir, tmp_path_factory):
 def test_health_and_metrics(server):
     health = httpx.get(server["mcp"] + "/health").json()
     assert health["index_loaded"] is True and health["documents"] == 32 and health["device"] == "cpu"
+    assert health["dense_search"] == "faiss-cpu" and health["reranker"] is None and health["rerank_depth"] == 0
     httpx.post(server["mcp"] + "/search_nfcorpus", json={"query": "soy", "top_k": 2})
     metrics = httpx.get(server["mcp"] + "/metrics").text
     assert (
