@@ -4,8 +4,9 @@
 
 Features per candidate (the fused top 100): BM25 rank and score, dense rank and score, judgment
 memory rank and vote, RRF rank and score, how many retrievers found it, query length. Training
-queries are left out of the judgment memory when their own features are computed. Writes
-``benchmarks/results/learned-fusion-dev.json``.
+queries are left out of the judgment memory when their own features are computed. With a reranker
+installed, each fusion is also scored with its head reranked as the engine reranks (served depth and
+blend). Writes ``benchmarks/results/learned-fusion-dev.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from engine.config import Settings
 from engine.dataset import load_dataset
-from engine.evaluation import evaluate_run
+from engine.evaluation import continue_with_fused, evaluate_run
 from engine.fusion import reciprocal_rank_fusion
 from engine.pipeline import HybridEngine
 
@@ -55,7 +56,7 @@ def main() -> None:
     parser.add_argument("--train-queries", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    settings = Settings(rerank=False)
+    settings = Settings()
     dataset = load_dataset(settings.data_dir)
     engine = HybridEngine(settings)
     train_split = engine.manifest.memory["split"]
@@ -69,7 +70,20 @@ def main() -> None:
         labels += [train[qid].get(d, 0) for d in ids]
         groups.append(len(ids))
     dev_items = [(qid, candidates(engine, text, exclude=None)) for qid, text in dataset.split_queries("dev").items()]
-    report = {"rrf (served)": evaluate_run(dev, {q: ids for q, (_, ids) in dev_items})}
+    texts = dataset.queries
+    rerank_scores: dict[str, dict[str, float]] = {q: {} for q, _ in dev_items}  # shared by every fusion
+    report: dict[str, dict] = {}
+
+    def scored(name: str, run: dict[str, list[str]]) -> None:
+        report[name] = evaluate_run(dev, run)
+        if engine.reranker is not None:
+            reranked = {
+                q: continue_with_fused([d for d, _ in engine.rerank(texts[q], ids, rerank_scores[q])], ids)
+                for q, ids in run.items()
+            }
+            report[f"{name} + rerank"] = evaluate_run(dev, reranked)
+
+    scored("rrf (served)", {q: ids for q, (_, ids) in dev_items})
     for leaves, trees in ((15, 200), (31, 300)):
         model = lightgbm.LGBMRanker(
             objective="lambdarank",
@@ -82,10 +96,21 @@ def main() -> None:
         )
         model.fit(np.vstack(features), np.asarray(labels), group=groups)
         run = {q: [ids[i] for i in np.argsort(-model.predict(x), kind="stable")] for q, (x, ids) in dev_items}
-        report[f"lambdamart {leaves} leaves, {trees} trees"] = evaluate_run(dev, run)
+        scored(f"lambdamart {leaves} leaves, {trees} trees", run)
     out = Path("benchmarks/results/learned-fusion-dev.json")
     out.write_text(
-        json.dumps({"train_split": train_split, "train_queries": len(train_ids), "dev": report}, indent=2) + "\n"
+        json.dumps(
+            {
+                "train_split": train_split,
+                "train_queries": len(train_ids),
+                "reranker": engine.reranker and {"name": engine.reranker.name, "max_length": engine.reranker.max_length},
+                "rerank_depth": settings.rerank_depth_for(engine.device) if engine.reranker else 0,
+                "rerank_blend": settings.rerank_blend,
+                "dev": report,
+            },
+            indent=2,
+        )
+        + "\n"
     )
     for name, metrics in report.items():
         scores = "  ".join(f"{m} {metrics[m]:.4f}" for m in ("nDCG@5", "nDCG@10", "in-list NDCG@5"))

@@ -1,9 +1,10 @@
 """Sweep rerank depth and the reranker/fusion blend on a split (dev), with the installed reranker.
 
-    python -m benchmarks.rerank_sweep --split dev --depths 6,10,20 --max-length 256
+    python -m benchmarks.rerank_sweep --split dev --depths 6,10,15,20,30
 
 The cross-encoder scores each query's fused top ``max(depths)`` once; every (depth, blend) setting
-is then recomputed from those scores, so the sweep costs one reranking pass. Writes
+is then recomputed from those scores, so the sweep costs one reranking pass. Each row carries its
+nDCG@10 gain over the fused order and a paired t-test's p-value. Writes
 ``benchmarks/results/rerank-sweep-<split>.json`` sorted by nDCG@10.
 """
 
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from engine.config import Settings
 from engine.dataset import load_dataset
-from engine.evaluation import continue_with_fused, evaluate_run
+from engine.evaluation import continue_with_fused, evaluate_run, paired_test
 from engine.fusion import blend_reranking
 from engine.pipeline import HybridEngine
 
@@ -29,8 +30,8 @@ def main() -> None:
     parser.add_argument("--split", default="dev")
     parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
     parser.add_argument("--data", type=Path, default=Settings().data_dir)
-    parser.add_argument("--depths", default="6,10,20", help="comma-separated rerank depths")
-    parser.add_argument("--max-length", type=int, default=Settings().max_length)
+    parser.add_argument("--depths", default="6,10,15,20,30", help="comma-separated rerank depths")
+    parser.add_argument("--max-length", type=int, help="tokens per pair (default: the reranker's own)")
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
     dataset = load_dataset(args.data)
@@ -43,6 +44,7 @@ def main() -> None:
     for qid, text in tqdm(queries.items(), desc="reranking", unit="query"):
         result = engine.stages(text, top_k=1)
         results[qid] = ([d for d, _ in result.fused[:100]], result.rerank_scores)
+    fused_run = {qid: fused for qid, (fused, _) in results.items()}
     rows = []
     for depth in depths:
         for blend in BLENDS:
@@ -51,7 +53,17 @@ def main() -> None:
                 head = fused[:depth]
                 blended = blend_reranking(head, [scores[d] for d in head], blend, settings.rrf_k)
                 run[qid] = continue_with_fused([d for d, _ in blended], fused)
-            rows.append({"depth": depth, "blend": blend, "max_length": args.max_length, **evaluate_run(qrels, run)})
+            test = paired_test(qrels, run, fused_run)
+            rows.append(
+                {
+                    "depth": depth,
+                    "blend": blend,
+                    "max_length": engine.reranker.max_length,
+                    **evaluate_run(qrels, run),
+                    "gain_ndcg@10": test["gain"],
+                    "p_value": test["p_value"],
+                }
+            )
     rows.sort(key=lambda r: -r["nDCG@10"])
     out = Path("benchmarks/results") / f"rerank-sweep-{args.split}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")

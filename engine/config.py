@@ -68,7 +68,13 @@ class Settings(BaseSettings):
     rerank_runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto", description="auto = ONNX Runtime on a CPU (same scores, ~1.6x faster), torch fp16 on CUDA"
     )
-    max_length: int = Field(256, ge=16, le=512, description="cross-encoder tokens per (query, document) pair")
+    max_length: int | None = Field(
+        None,
+        ge=16,
+        le=512,
+        description="cross-encoder tokens per (query, document) pair (default: the length the reranker was trained"
+        " with; training: 256)",
+    )
     rerank_batch_wait_ms: float = Field(
         3.0, ge=0, description="on CUDA, how long a query waits for others to share a rerank batch; 0 = off"
     )

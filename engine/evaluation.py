@@ -47,10 +47,7 @@ def evaluate_run(qrels: Qrels, run: Run) -> dict[str, float]:
     """Mean nDCG@5, nDCG@10, Recall@100, MRR@10 and in-list NDCG@5 over the judged queries in ``run``."""
     import pytrec_eval
 
-    judged = {q: dict(qrels[q]) for q in run if q in qrels}
-    if not judged:
-        raise ValueError("no query of the run has judgments")
-    as_scores = {q: {d: float(len(docs) - i) for i, d in enumerate(docs)} for q, docs in run.items() if q in judged}
+    judged, as_scores = _judged(qrels, run)
     per_query = pytrec_eval.RelevanceEvaluator(judged, set(MEASURES)).evaluate(as_scores)
     top10 = {q: {d: s for d, s in docs.items() if s > len(docs) - 10} for q, docs in as_scores.items()}
     mrr = pytrec_eval.RelevanceEvaluator(judged, {"recip_rank"}).evaluate(top10)
@@ -59,6 +56,34 @@ def evaluate_run(qrels: Qrels, run: Run) -> dict[str, float]:
     report["in-list NDCG@5"] = statistics.fmean(in_list_ndcg([judged[q].get(d, 0) for d in run[q][:5]]) for q in judged)
     report["queries"] = len(judged)
     return report
+
+
+def paired_test(qrels: Qrels, run: Run, baseline: Run, measure: str = "ndcg_cut_10") -> dict[str, float]:
+    """Mean per-query gain of ``run`` over ``baseline`` in a trec_eval ``measure`` and the two-sided
+    p-value of a paired t-test over the judged queries of ``run`` (one the baseline lacks scores 0):
+    is a difference more than noise?"""
+    import pytrec_eval
+    from scipy.stats import ttest_rel
+
+    judged, as_scores = _judged(qrels, run)
+    evaluator = pytrec_eval.RelevanceEvaluator(judged, {measure})
+    ours, theirs = evaluator.evaluate(as_scores), evaluator.evaluate(_as_scores(baseline))
+    a = [ours[q][measure] for q in judged]
+    b = [theirs.get(q, {}).get(measure, 0.0) for q in judged]
+    p_value = float(ttest_rel(a, b).pvalue) if a != b else 1.0
+    return {"gain": statistics.fmean(a) - statistics.fmean(b), "p_value": p_value, "queries": len(a)}
+
+
+def _judged(qrels: Qrels, run: Run) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, float]]]:
+    """The judgments of the run's judged queries, and the run as descending scores for pytrec_eval."""
+    judged = {q: dict(qrels[q]) for q in run if q in qrels}
+    if not judged:
+        raise ValueError("no query of the run has judgments")
+    return judged, _as_scores({q: docs for q, docs in run.items() if q in judged})
+
+
+def _as_scores(run: Run) -> dict[str, dict[str, float]]:
+    return {q: {d: float(len(docs) - i) for i, d in enumerate(docs)} for q, docs in run.items()}
 
 
 def _mean(per_query: dict[str, dict[str, float]], measure: str) -> float:
@@ -77,30 +102,34 @@ def write_summary(path: Path, summary: dict) -> None:
     path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def stage_runs(engine, queries: Mapping[str, str], depth: int = 100, progress: bool = True) -> dict[str, Run]:
-    """Each stage's ranking of every query: BM25, dense, judgment memory, RRF and RRF + rerank.
+def stage_runs(
+    engine,
+    queries: Mapping[str, str],
+    depth: int = 100,
+    progress: bool = True,
+    reranked: Sequence[str] = ("bm25", "dense", "rrf"),
+) -> dict[str, Run]:
+    """Each stage's ranking of every query: BM25, dense, judgment memory and RRF; with a reranker,
+    the ``reranked`` stages again with their heads reranked (``<stage>+rerank``).
 
-    The reranked run continues past the reranked head with the fused order, so Recall@100 compares
-    like with like.
+    A reranked run continues past its head with the stage's own order, so Recall@100 compares like
+    with like. The cross-encoder scores each (query, document) pair once across the three heads.
     """
     from tqdm import tqdm
 
-    runs: dict[str, Run] = {"bm25": {}, "dense": {}}
-    if engine.memory is not None:
-        runs["memory"] = {}
-    runs["rrf"] = {}
-    if engine.reranker is not None:
-        runs["rrf+rerank"] = {}
+    runs: dict[str, Run] = {}
     for qid, text in tqdm(queries.items(), desc="evaluating", unit="query", disable=not progress):
         result = engine.stages(text, top_k=1)
-        runs["bm25"][qid] = [d for d, _ in result.bm25[:depth]]
-        runs["dense"][qid] = [d for d, _ in result.dense[:depth]]
-        if engine.memory is not None:
-            runs["memory"][qid] = [d for d, _ in result.memory[:depth]]
-        fused = [d for d, _ in result.fused[:depth]]
-        runs["rrf"][qid] = fused
-        if result.reranked is not None:
-            runs["rrf+rerank"][qid] = continue_with_fused([d for d, _ in result.reranked], fused, depth)
+        rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.fused}
+        if engine.memory is None:
+            del rankings["memory"]
+        for stage, ranking in rankings.items():
+            ids = [d for d, _ in ranking[:depth]]
+            runs.setdefault(stage, {})[qid] = ids
+            if result.reranked is None or stage not in reranked:
+                continue
+            head = result.reranked if stage == "rrf" else engine.rerank(text, ids, result.rerank_scores)
+            runs.setdefault(f"{stage}+rerank", {})[qid] = continue_with_fused([d for d, _ in head], ids, depth)
     return runs
 
 

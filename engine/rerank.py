@@ -9,6 +9,7 @@ from engine.models import resolve_model
 from engine.onnx_runtime import OnnxCrossEncoder
 
 log = logging.getLogger(__name__)
+MAX_POSITIONS = 512
 
 
 class RerankerError(RuntimeError):
@@ -23,7 +24,7 @@ class Reranker:
     """
 
     def __init__(
-        self, name: str, device: str, max_length: int = 256, batch_size: int = 32, runtime: str = "auto"
+        self, name: str, device: str, max_length: int | None = None, batch_size: int = 32, runtime: str = "auto"
     ) -> None:
         from sentence_transformers import CrossEncoder
 
@@ -37,10 +38,13 @@ class Reranker:
             )
         except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
             raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
+        # unset: the length the model was saved with (what `train-reranker` trained), at most BERT's 512
+        self.model.max_seq_length = min(self.model.max_seq_length or MAX_POSITIONS, MAX_POSITIONS)
+        self.max_length: int = self.model.max_seq_length
         self.onnx: OnnxCrossEncoder | None = None
         if wanted == "onnx":
             try:
-                self.onnx = OnnxCrossEncoder(self.model, source, device, max_length)
+                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length)
             except Exception as exc:  # tracing or the runtime failed: say so, and why
                 if runtime == "onnx":
                     raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc

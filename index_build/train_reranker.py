@@ -32,6 +32,8 @@ from index_build.negatives import mine_candidates
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"
+TRAIN_MAX_LENGTH = 256
+HEAD_LR_FACTOR = 10
 
 
 @dataclass
@@ -82,12 +84,13 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     device = pick_device(settings.device)
     from sentence_transformers import CrossEncoder
 
-    model = CrossEncoder(resolve_model(options.base), num_labels=1, max_length=settings.max_length, device=device)
+    max_length = settings.max_length or TRAIN_MAX_LENGTH  # saved with the model: serving reads it back
+    model = CrossEncoder(resolve_model(options.base), num_labels=1, max_length=max_length, device=device)
     _freeze_lower_layers(model.transformers_model, options.freeze_layers)
     steps = options.max_steps or math.ceil(len(train_ids) / options.batch_queries)
     eval_every = options.eval_every or max(1, steps // 4)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=options.lr, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(_param_groups(model.transformers_model, options.lr), weight_decay=0.01)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
@@ -130,7 +133,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "loss": f"listwise softmax cross-entropy, 1 positive + {options.group_size - 1} hard negatives"
         f" from the top {options.mine_depth} candidates (memory leave-one-out)",
         "options": asdict(options),
-        "max_length": settings.max_length,
+        "max_length": max_length,
         "steps": steps,
         "best_step": best["step"],
         "loss_first": _mean(losses[: max(1, len(losses) // 5)]),
@@ -170,6 +173,17 @@ def _freeze_lower_layers(model, layers: int) -> None:
         module.requires_grad_(False)
 
 
+def _param_groups(model, lr: float) -> list[dict]:
+    """A bi-encoder base (MiniLM) has no scoring head: the new classifier and the pooler feeding it
+    learn at ``HEAD_LR_FACTOR`` times the body's rate, so a short run is not spent waking them up."""
+    fresh = not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or [])
+    head, body = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (head if fresh and (name.startswith("classifier.") or ".pooler." in name) else body).append(param)
+    return [{"params": body, "lr": lr}, {"params": head, "lr": lr * HEAD_LR_FACTOR}]
+
+
 def _group_loss(model, dataset, batch, positives, negatives, group_size, rng, use_amp):
     """Softmax cross-entropy with the positive at index 0 of each query's group."""
     import torch
@@ -201,6 +215,6 @@ def _dev_metrics(model, folder: Path, engine, settings, device, qrels, queries) 
         str(folder), device, settings.max_length, settings.rerank_batch_size, settings.rerank_runtime
     )
     try:
-        return evaluate_run(qrels, stage_runs(engine, queries, progress=False)["rrf+rerank"])
+        return evaluate_run(qrels, stage_runs(engine, queries, progress=False, reranked=("rrf",))["rrf+rerank"])
     finally:
         engine.reranker = None

@@ -54,7 +54,9 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
     g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 100 on CUDA, 6 on CPU)")
     g.add_argument("--rerank-blend", type=float, help="reranker's share against the fused order, 0-1 (default 1)")
-    g.add_argument("--max-length", type=int, help="cross-encoder tokens per pair (default 256)")
+    g.add_argument(
+        "--max-length", type=int, help="cross-encoder tokens per pair (default: what the reranker was trained with)"
+    )
     g.add_argument(
         "--rerank-runtime", choices=["auto", "torch", "onnx"], help="auto = ONNX Runtime on CPU, torch fp16 on CUDA"
     )

@@ -77,7 +77,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
         )
         console.print_json(json.dumps(report))
         return 0 if report["failures"] == 0 else 1
-    from engine.evaluation import evaluate_run, sample_queries, stage_runs, write_summary, write_trec_run
+    from engine.evaluation import evaluate_run, paired_test, sample_queries, stage_runs, write_summary, write_trec_run
     from engine.pipeline import HybridEngine
 
     qrels = dataset.qrels(args.split)
@@ -85,6 +85,11 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     engine = HybridEngine(settings)
     runs = stage_runs(engine, queries)
     report = {stage: evaluate_run(qrels, run) for stage, run in runs.items()}
+    reranking = {
+        f"{stage} vs {stage.removesuffix('+rerank')}": paired_test(qrels, run, runs[stage.removesuffix("+rerank")])
+        for stage, run in runs.items()
+        if stage.endswith("+rerank")
+    }
     out = args.output or Path("benchmarks/results") / f"eval-{args.split}"
     out.mkdir(parents=True, exist_ok=True)
     for stage, run in runs.items():
@@ -94,8 +99,9 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
         {
             "split": args.split,
             "index": str(settings.index_dir),
-            "settings": _search_settings(settings),
+            "settings": _search_settings(settings, engine),
             "stages": report,
+            "reranker_gain_ndcg@10": reranking,
         },
     )
     table = Table(title=f"{args.split}: {len(queries)} queries")
@@ -106,6 +112,8 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     for stage, metrics in report.items():
         table.add_row(stage, *(f"{metrics[c]:.4f}" for c in columns))
     console.print(table)
+    for pair, test in reranking.items():
+        console.print(f"{pair}: nDCG@10 {test['gain']:+.4f} (paired t-test p = {test['p_value']:.3g})")
     console.print(f"runs and summary in {out}")
     return 0
 
@@ -197,7 +205,8 @@ def _opt(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _search_settings(settings: Settings) -> dict:
+def _search_settings(settings: Settings, engine) -> dict:
+    """The settings a run was made with, defaults resolved as the engine resolved them."""
     keys = (
         "bm25_depth",
         "dense_depth",
@@ -208,7 +217,11 @@ def _search_settings(settings: Settings) -> dict:
         "memory_weight",
         "memory_neighbors",
         "rerank",
-        "rerank_depth",
-        "max_length",
+        "rerank_blend",
     )
-    return {k: getattr(settings, k) for k in keys} | {"reranker": settings.reranker_path if settings.rerank else None}
+    reranker = engine.reranker
+    return {k: getattr(settings, k) for k in keys} | {
+        "reranker": reranker.name if reranker else None,
+        "rerank_depth": settings.rerank_depth_for(engine.device) if reranker else 0,
+        "max_length": reranker.max_length if reranker else None,
+    }

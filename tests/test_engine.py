@@ -88,6 +88,22 @@ def test_reranker_order_is_respected(index_dir, reranker_dir):
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
+def test_evaluation_reranks_every_stage_head_with_shared_scores(index_dir, reranker_dir, beir_dir):
+    from engine.dataset import load_dataset
+    from engine.evaluation import stage_runs
+
+    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=4))
+    queries = load_dataset(beir_dir).split_queries("dev")
+    runs = stage_runs(engine, queries, depth=10, progress=False)
+    assert set(runs) == {"bm25", "dense", "memory", "rrf", "bm25+rerank", "dense+rerank", "rrf+rerank"}
+    for stage in ("bm25", "dense", "rrf"):
+        for qid, text in queries.items():
+            plain, reranked = runs[stage][qid], runs[f"{stage}+rerank"][qid]
+            scores = engine.reranker.score(text, [engine.docs[d].contents for d in plain[:4]])
+            assert reranked[:4] == [plain[i] for i in sorted(range(4), key=lambda i: (-scores[i], i))]
+            assert reranked[4:] == plain[4:]
+
+
 def test_onnx_runtime_scores_like_torch(reranker_dir, engine):
     import numpy as np
 

@@ -66,3 +66,22 @@ def test_sampling_is_the_evaluators():
     expected = random.sample(list(queries.items()), 5)
     assert list(sample_queries(queries, 5, 7).items()) == expected
     assert sample_queries(queries, None, 7) == queries
+
+
+def test_paired_test_measures_gain_and_noise():
+    import math
+
+    from engine.evaluation import paired_test
+
+    qrels = {f"q{i}": {"a": 1} | ({"b": 1} if i % 2 else {}) for i in range(6)}
+    first = {q: ["a", "b", "x"] for q in qrels}
+    second = {q: ["x", "a", "b"] for q in qrels}
+    mixed = {q: first[q] if i % 2 else second[q] for i, q in enumerate(qrels)}
+    assert paired_test(qrels, first, first) == {"gain": 0.0, "p_value": 1.0, "queries": 6}
+    one = 1 - 1 / math.log2(3)  # one relevant document moved from rank 2 to rank 1
+    two = 1 - (1 / math.log2(3) + 1 / 2) / (1 + 1 / math.log2(3))
+    result = paired_test(qrels, first, second)
+    assert result["gain"] == pytest.approx((one + two) / 2, abs=1e-4) and result["p_value"] < 1e-4
+    assert paired_test(qrels, mixed, second)["p_value"] > 0.05  # half the queries gain: not conclusive
+    missing = paired_test(qrels, first, {"q0": first["q0"]})  # queries the baseline lacks count 0 for it
+    assert missing["gain"] == pytest.approx(5 / 6) and missing["queries"] == 6

@@ -36,8 +36,9 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
     assert card["best_step"] in (5, 10) and len(card["history"]) == 2
     saved = json.loads((work_index / "reranker" / CARD_FILE).read_text())
     assert saved["base_model"] == minilm_path and saved["dev_reranked"]["queries"] == 8
-    engine = HybridEngine(settings)  # picks the trained model up by itself
+    engine = HybridEngine(settings.model_copy(update={"max_length": None}))  # picks the trained model up by itself
     assert engine.reranker is not None and engine.reranker.name.endswith("reranker")
+    assert engine.reranker.max_length == card["max_length"] == 64  # the length it was trained with
     hits = engine.search("caffeine liver", 3)
     assert len(hits) == 3 and all(h.rerank_score is not None for h in hits)
 
