@@ -27,7 +27,7 @@ from engine.pipeline import HybridEngine
 DEPTH = 100
 
 
-def candidates(engine: HybridEngine, text: str, exclude: str | None) -> tuple[np.ndarray, list[str]]:
+def candidates(engine: HybridEngine, text: str, exclude: str | None) -> tuple[np.ndarray, list[tuple[str, float]]]:
     s = engine.settings
     vector = engine.dense.encode_query(text)
     found = {
@@ -46,7 +46,7 @@ def candidates(engine: HybridEngine, text: str, exclude: str | None) -> tuple[np
         per = [lookup[name].get(doc_id, (DEPTH + 1, 0.0)) for name in ("bm25", "dense", "memory")]
         hits = sum(doc_id in lookup[name] for name in lookup)
         rows.append([v for pair in per for v in pair] + [rank, score, hits, len(text.split())])
-    return np.asarray(rows, dtype=np.float32), [d for d, _ in fused]
+    return np.asarray(rows, dtype=np.float32), fused
 
 
 def main() -> None:
@@ -65,25 +65,26 @@ def main() -> None:
     train_ids = rng.sample(sorted(train), min(args.train_queries, len(train)))
     features, labels, groups = [], [], []
     for qid in train_ids:
-        x, ids = candidates(engine, dataset.queries[qid], exclude=qid)
+        x, fused = candidates(engine, dataset.queries[qid], exclude=qid)
         features.append(x)
-        labels += [train[qid].get(d, 0) for d in ids]
-        groups.append(len(ids))
+        labels += [train[qid].get(d, 0) for d, _ in fused]
+        groups.append(len(fused))
     dev_items = [(qid, candidates(engine, text, exclude=None)) for qid, text in dataset.split_queries("dev").items()]
     texts = dataset.queries
     rerank_scores: dict[str, dict[str, float]] = {q: {} for q, _ in dev_items}  # shared by every fusion
     report: dict[str, dict] = {}
 
-    def scored(name: str, run: dict[str, list[str]]) -> None:
+    def scored(name: str, ranked: dict[str, list[tuple[str, float]]]) -> None:
+        run = {q: [d for d, _ in ranking] for q, ranking in ranked.items()}
         report[name] = evaluate_run(dev, run)
         if engine.reranker is not None:
             reranked = {
-                q: continue_with_fused([d for d, _ in engine.rerank(texts[q], ids, rerank_scores[q])], ids)
-                for q, ids in run.items()
+                q: continue_with_fused([d for d, _ in engine.rerank(texts[q], ranking, rerank_scores[q])], run[q])
+                for q, ranking in ranked.items()
             }
             report[f"{name} + rerank"] = evaluate_run(dev, reranked)
 
-    scored("rrf (served)", {q: ids for q, (_, ids) in dev_items})
+    scored("rrf (served)", {q: fused for q, (_, fused) in dev_items})
     for leaves, trees in ((15, 200), (31, 300)):
         model = lightgbm.LGBMRanker(
             objective="lambdarank",
@@ -95,8 +96,11 @@ def main() -> None:
             verbose=-1,
         )
         model.fit(np.vstack(features), np.asarray(labels), group=groups)
-        run = {q: [ids[i] for i in np.argsort(-model.predict(x), kind="stable")] for q, (x, ids) in dev_items}
-        scored(f"lambdamart {leaves} leaves, {trees} trees", run)
+        ranked = {}
+        for q, (x, fused) in dev_items:
+            predicted = model.predict(x)
+            ranked[q] = [(fused[i][0], float(predicted[i])) for i in np.argsort(-predicted, kind="stable")]
+        scored(f"lambdamart {leaves} leaves, {trees} trees", ranked)
     out = Path("benchmarks/results/learned-fusion-dev.json")
     out.write_text(
         json.dumps(

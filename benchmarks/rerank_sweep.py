@@ -22,7 +22,7 @@ from engine.evaluation import continue_with_fused, evaluate_run, paired_test
 from engine.fusion import blend_reranking
 from engine.pipeline import HybridEngine
 
-BLENDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+BLENDS = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
 def main() -> None:
@@ -31,28 +31,36 @@ def main() -> None:
     parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
     parser.add_argument("--data", type=Path, default=Settings().data_dir)
     parser.add_argument("--depths", default="6,10,15,20,30", help="comma-separated rerank depths")
+    parser.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker)")
     parser.add_argument("--max-length", type=int, help="tokens per pair (default: the reranker's own)")
+    parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/rerank-sweep-<split>.json)")
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
     dataset = load_dataset(args.data)
     qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
-    settings = Settings(index_dir=args.index_dir, rerank_depth=depths[-1], rerank_blend=1.0, max_length=args.max_length)
+    settings = Settings(
+        index_dir=args.index_dir,
+        reranker=args.reranker,
+        rerank_depth=depths[-1],
+        rerank_blend=1.0,
+        max_length=args.max_length,
+    )
     engine = HybridEngine(settings)
     if engine.reranker is None:
         raise SystemExit(f"no reranker at {settings.reranker_path}: train one with `hybrid-search train-reranker`")
     results = {}
     for qid, text in tqdm(queries.items(), desc="reranking", unit="query"):
         result = engine.stages(text, top_k=1)
-        results[qid] = ([d for d, _ in result.fused[:100]], result.rerank_scores)
-    fused_run = {qid: fused for qid, (fused, _) in results.items()}
+        results[qid] = (result.fused[:100], result.rerank_scores)
+    fused_run = {qid: [d for d, _ in fused] for qid, (fused, _) in results.items()}
     rows = []
     for depth in depths:
         for blend in BLENDS:
             run = {}
             for qid, (fused, scores) in results.items():
                 head = fused[:depth]
-                blended = blend_reranking(head, [scores[d] for d in head], blend, settings.rrf_k)
-                run[qid] = continue_with_fused([d for d, _ in blended], fused)
+                blended = blend_reranking(head, [scores[d] for d, _ in head], blend)
+                run[qid] = continue_with_fused([d for d, _ in blended], fused_run[qid])
             test = paired_test(qrels, run, fused_run)
             rows.append(
                 {
@@ -65,7 +73,7 @@ def main() -> None:
                 }
             )
     rows.sort(key=lambda r: -r["nDCG@10"])
-    out = Path("benchmarks/results") / f"rerank-sweep-{args.split}.json"
+    out = args.output or Path("benchmarks/results") / f"rerank-sweep-{args.split}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     for row in rows:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})

@@ -128,7 +128,7 @@ def stage_runs(
             runs.setdefault(stage, {})[qid] = ids
             if result.reranked is None or stage not in reranked:
                 continue
-            head = result.reranked if stage == "rrf" else engine.rerank(text, ids, result.rerank_scores)
+            head = result.reranked if stage == "rrf" else engine.rerank(text, ranking, result.rerank_scores)
             runs.setdefault(f"{stage}+rerank", {})[qid] = continue_with_fused([d for d, _ in head], ids, depth)
     return runs
 

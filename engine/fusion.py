@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 
 def reciprocal_rank_fusion(
     rankings: Mapping[str, Sequence[str]], k: float = 60.0, weights: Mapping[str, float] | None = None
@@ -25,16 +27,25 @@ def reciprocal_rank_fusion(
 
 
 def blend_reranking(
-    head: Sequence[str], scores: Sequence[float], blend: float, k: float = 60.0
+    head: Sequence[tuple[str, float]], scores: Sequence[float], blend: float
 ) -> list[tuple[str, float]]:
-    """Order the fused head by the cross-encoder's ``scores``, softened by the fused order.
+    """Order a ranking's head (``(id, first-stage score)``, best first) by the cross-encoder's ``scores``,
+    softened by the first stage.
 
-    ``blend`` 1 is the reranker's order with its scores; below 1 it is a weighted RRF of the two
-    orders (reranker ``blend``, fusion ``1 - blend``), which keeps what fusion knows that a small
-    reranker does not (on NFCorpus: the train-judgment memory).
+    ``blend`` 1 is the reranker's order with its scores; below 1 each document scores
+    ``(1 - blend) * z(first stage) + blend * z(reranker)``, both standardised over the head (CombSUM
+    of z-scores), which keeps what the first stage knows that a small reranker does not (on
+    NFCorpus: the train-judgment memory) and lets each side's confidence count, not just its order.
     """
-    ranked = sorted(range(len(head)), key=lambda i: (-scores[i], i))
     if blend >= 1.0:
-        return [(head[i], float(scores[i])) for i in ranked]
-    orders = {"fused": list(head), "rerank": [head[i] for i in ranked]}
-    return reciprocal_rank_fusion(orders, k=k, weights={"fused": 1.0 - blend, "rerank": blend})
+        ranked = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+        return [(head[i][0], float(scores[i])) for i in ranked]
+    mixed = (1.0 - blend) * _standardised([s for _, s in head]) + blend * _standardised(scores)
+    ranked = sorted(range(len(head)), key=lambda i: (-mixed[i], i))
+    return [(head[i][0], float(mixed[i])) for i in ranked]
+
+
+def _standardised(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    spread = array.std()
+    return (array - array.mean()) / spread if spread > 0 else np.zeros_like(array)

@@ -118,24 +118,25 @@ class HybridEngine:
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
         if self.reranker is not None:
-            reranked = self.rerank(query, [d for d, _ in fused], rerank_scores, top_k)
+            reranked = self.rerank(query, fused, rerank_scores, top_k)
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
         return StageResult(bm25, dense, memory, fused, reranked, seconds, rerank_scores)
 
     def rerank(
-        self, query: str, ranking: list[str], scores: dict[str, float], top_k: int = 1
+        self, query: str, ranking: list[tuple[str, float]], scores: dict[str, float], top_k: int = 1
     ) -> list[tuple[str, float]]:
-        """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents) in the reranker's order,
-        blended with ``ranking``'s own. ``scores`` caches cross-encoder scores: documents already in
-        it are not scored again, new ones are added, so several rankings of one query share the work.
+        """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents with their first-stage scores)
+        reordered by the reranker, blended with the first stage (``rerank_blend``). ``scores`` caches
+        cross-encoder scores: documents already in it are not scored again and new ones are added, so
+        several rankings of one query share the work.
         """
         s = self.settings
         head = ranking[: max(s.rerank_depth_for(self.device), top_k)]
-        todo = [d for d in head if d not in scores]
+        todo = [d for d, _ in head if d not in scores]
         if todo:
             scores.update(zip(todo, self.reranker.score(query, [self.docs[d].contents for d in todo]), strict=True))
-        return blend_reranking(head, [scores[d] for d in head], s.rerank_blend, s.rrf_k)
+        return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         """Exactly ``top_k`` unique documents (fewer only if the corpus is smaller), best first."""

@@ -168,13 +168,15 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
         from engine.models import pick_device
         from engine.pipeline import HybridEngine
 
-        default_depths = "0,10,20,50,100,200" if pick_device(settings.device) == "cuda" else "0,6,10,20"
+        default_depths = "0,10,20,50,100,200" if pick_device(settings.device) == "cuda" else "0,10,20,30"
         depths = _int_list(args.depths or default_depths, "--depths")
         if max(depths) > 0 and settings.reranker is None and not Path(settings.reranker_path).is_dir():
             from engine.models import resolve_model
+            from index_build.train_reranker import TRAIN_MAX_LENGTH
 
             # latency does not depend on the weights: time an untrained MiniLM cross-encoder
-            settings = settings.model_copy(update={"reranker": resolve_model(settings.encoder)})
+            untrained = {"reranker": resolve_model(settings.encoder), "max_length": settings.max_length or TRAIN_MAX_LENGTH}
+            settings = settings.model_copy(update=untrained)
         report = bench_engine(HybridEngine(settings), queries, depths, concurrency)
     else:
         if not args.url:

@@ -75,7 +75,8 @@ def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
 
 
 def test_reranker_order_is_respected(index_dir, reranker_dir):
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6))
+    settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=1.0)
+    engine = HybridEngine(settings)
     result = engine.stages("coffee and liver enzymes", top_k=6)
     head = [d for d, _ in result.fused[:6]]
     assert sorted(d for d, _ in result.reranked) == sorted(head)
@@ -92,7 +93,8 @@ def test_evaluation_reranks_every_stage_head_with_shared_scores(index_dir, reran
     from engine.dataset import load_dataset
     from engine.evaluation import stage_runs
 
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=4))
+    settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=4, rerank_blend=1.0)
+    engine = HybridEngine(settings)
     queries = load_dataset(beir_dir).split_queries("dev")
     runs = stage_runs(engine, queries, depth=10, progress=False)
     assert set(runs) == {"bm25", "dense", "memory", "rrf", "bm25+rerank", "dense+rerank", "rrf+rerank"}

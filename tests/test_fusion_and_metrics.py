@@ -20,13 +20,15 @@ def test_rrf_weights_and_deterministic_ties():
 
 
 def test_blend_reranking_between_the_two_orders():
-    head, scores = ["a", "b", "c"], [0.1, 0.9, 0.5]
+    head = [("a", 3.0), ("b", 2.0), ("c", 1.0)]  # first stage: a > b > c, evenly spaced
+    scores = [0.1, 0.9, 0.5]  # reranker: b > c > a
     assert blend_reranking(head, scores, 1.0) == [("b", 0.9), ("c", 0.5), ("a", 0.1)]
-    assert [d for d, _ in blend_reranking(head, scores, 0.0)] == head
-    # k=1, blend 0.3: a = 0.7/2 + 0.3/4 = 0.425, b = 0.7/3 + 0.3/2 = 0.383, c = 0.7/4 + 0.3/3 = 0.275
-    assert [d for d, _ in blend_reranking(head, scores, 0.3, k=1)] == ["a", "b", "c"]
-    # blend 0.6: a = 0.4/2 + 0.6/4 = 0.35, b = 0.4/3 + 0.6/2 = 0.433, c = 0.4/4 + 0.6/3 = 0.3
-    assert [d for d, _ in blend_reranking(head, scores, 0.6, k=1)] == ["b", "a", "c"]
+    assert [d for d, _ in blend_reranking(head, scores, 0.0)] == ["a", "b", "c"]
+    # z-scores: first stage a +1.22, b 0, c -1.22; reranker a -1.22, b +1.22, c 0
+    assert [d for d, _ in blend_reranking(head, scores, 0.3)] == ["a", "b", "c"]
+    assert [d for d, _ in blend_reranking(head, scores, 0.6)] == ["b", "a", "c"]
+    assert [d for d, _ in blend_reranking(head, scores, 0.9)] == ["b", "c", "a"]
+    assert blend_reranking([("a", 1.0)], [0.2], 0.5) == [("a", 0.0)]  # one document: nothing to standardise
 
 
 def test_in_list_ndcg_hand_computed():
