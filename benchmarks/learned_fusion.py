@@ -107,7 +107,11 @@ def main() -> None:
             {
                 "train_split": train_split,
                 "train_queries": len(train_ids),
-                "reranker": engine.reranker and {"name": engine.reranker.name, "max_length": engine.reranker.max_length},
+                "reranker": (
+                    {"name": engine.reranker.name, "max_length": engine.reranker.max_length}
+                    if engine.reranker
+                    else None
+                ),
                 "rerank_depth": settings.rerank_depth_for(engine.device) if engine.reranker else 0,
                 "rerank_blend": settings.rerank_blend,
                 "dev": report,

@@ -9,7 +9,6 @@ from engine.models import resolve_model
 from engine.onnx_runtime import OnnxCrossEncoder
 
 log = logging.getLogger(__name__)
-MAX_POSITIONS = 512
 
 
 class RerankerError(RuntimeError):
@@ -38,8 +37,9 @@ class Reranker:
             )
         except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
             raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
-        # unset: the length the model was saved with (what `train-reranker` trained), at most BERT's 512
-        self.model.max_seq_length = min(self.model.max_seq_length or MAX_POSITIONS, MAX_POSITIONS)
+        # unset: the length the model was saved with (what `train-reranker` trained), within its positions
+        positions = getattr(self.model.transformers_model.config, "max_position_embeddings", 512)
+        self.model.max_seq_length = min(self.model.max_seq_length or positions, positions)
         self.max_length: int = self.model.max_seq_length
         self.onnx: OnnxCrossEncoder | None = None
         if wanted == "onnx":

@@ -58,7 +58,11 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
     g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 100 on CUDA, 10 on CPU)")
-    g.add_argument("--rerank-blend", type=float, help="reranker's share against the fused scores, 0-1 (default 0.35; 1 = reranker alone)")
+    g.add_argument(
+        "--rerank-blend",
+        type=float,
+        help="reranker's share against the fused scores, 0-1 (default 0.35; 1 = reranker alone)",
+    )
     g.add_argument(
         "--max-length", type=int, help="cross-encoder tokens per pair (default: what the reranker was trained with)"
     )

@@ -175,7 +175,10 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
             from index_build.train_reranker import TRAIN_MAX_LENGTH
 
             # latency does not depend on the weights: time an untrained MiniLM cross-encoder
-            untrained = {"reranker": resolve_model(settings.encoder), "max_length": settings.max_length or TRAIN_MAX_LENGTH}
+            untrained = {
+                "reranker": resolve_model(settings.encoder),
+                "max_length": settings.max_length or TRAIN_MAX_LENGTH,
+            }
             settings = settings.model_copy(update=untrained)
         report = bench_engine(HybridEngine(settings), queries, depths, concurrency)
     else:
