@@ -21,7 +21,7 @@ EPILOG = """examples:
   hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus
   hybrid-search search "does vitamin D prevent falls?" --top-k 5
   hybrid-search evaluate --split dev
-  hybrid-search train-reranker --max-steps 400
+  hybrid-search train-reranker
   hybrid-search serve --index-dir indexes/nfcorpus
 
 Every option also reads HYBRID_SEARCH_<OPTION> (e.g. HYBRID_SEARCH_RERANK_DEPTH=50) and a TOML
