@@ -89,7 +89,7 @@ def test_reranker_order_is_respected(index_dir, reranker_dir):
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
-def test_evaluation_reranks_every_stage_head_with_shared_scores(index_dir, reranker_dir, beir_dir):
+def test_evaluation_reranks_every_stage_head(index_dir, reranker_dir, beir_dir):
     from engine.dataset import load_dataset
     from engine.evaluation import stage_runs
 

@@ -49,3 +49,19 @@ def test_missing_train_split_is_a_clear_error(index_dir, beir_dir, minilm_path):
     settings = Settings(data_dir=beir_dir, index_dir=index_dir, device="cpu")
     with pytest.raises(DatasetError, match="no judgments for split 'nope'"):
         train(settings, TrainOptions(base=minilm_path, split="nope", max_steps=1), progress=False)
+
+
+def test_only_a_fresh_scoring_head_learns_faster(minilm_path, reranker_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    from index_build.train_reranker import HEAD_LR_FACTOR, _param_groups
+
+    fresh = AutoModelForSequenceClassification.from_pretrained(minilm_path, num_labels=1)  # a bi-encoder base
+    body, head = _param_groups(fresh, 1e-4)
+    assert head["lr"] == 1e-4 * HEAD_LR_FACTOR and body["lr"] == 1e-4
+    assert {id(p) for p in head["params"]} == {
+        id(p) for p in [*fresh.classifier.parameters(), *fresh.bert.pooler.parameters()]
+    }
+    trained = AutoModelForSequenceClassification.from_pretrained(reranker_dir)  # already a cross-encoder
+    body, head = _param_groups(trained, 1e-4)
+    assert not head["params"] and len(body["params"]) == len(list(trained.parameters()))
