@@ -93,6 +93,8 @@ def main() -> None:
             learning_rate=0.05,
             label_gain=[0, 1, 3],
             random_state=args.seed,
+            deterministic=True,  # the same model from the same data: runs are comparable
+            force_row_wise=True,
             verbose=-1,
         )
         model.fit(np.vstack(features), np.asarray(labels), group=groups)
