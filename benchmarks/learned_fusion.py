@@ -70,7 +70,6 @@ def main() -> None:
         labels += [train[qid].get(d, 0) for d, _ in fused]
         groups.append(len(fused))
     dev_items = [(qid, candidates(engine, text, exclude=None)) for qid, text in dataset.split_queries("dev").items()]
-    texts = dataset.queries
     rerank_scores: dict[str, dict[str, float]] = {q: {} for q, _ in dev_items}  # shared by every fusion
     report: dict[str, dict] = {}
 
@@ -78,10 +77,10 @@ def main() -> None:
         run = {q: [d for d, _ in ranking] for q, ranking in ranked.items()}
         report[name] = evaluate_run(dev, run)
         if engine.reranker is not None:
-            reranked = {
-                q: continue_with_fused([d for d, _ in engine.rerank(texts[q], ranking, rerank_scores[q])], run[q])
-                for q, ranking in ranked.items()
-            }
+            reranked = {}
+            for q, ranking in ranked.items():
+                head = engine.rerank(dataset.queries[q], ranking, rerank_scores[q])
+                reranked[q] = continue_with_fused([d for d, _ in head], run[q])
             report[f"{name} + rerank"] = evaluate_run(dev, reranked)
 
     scored("rrf (served)", {q: fused for q, (_, fused) in dev_items})

@@ -138,6 +138,17 @@ class HybridEngine:
             scores.update(zip(todo, self.reranker.score(query, [self.docs[d].contents for d in todo]), strict=True))
         return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
 
+    def reranking(self) -> dict:
+        """How this engine reranks, defaults resolved: what health checks and run summaries report."""
+        r, s = self.reranker, self.settings
+        return {
+            "reranker": r.name if r else None,
+            "reranker_runtime": r.runtime if r else None,
+            "rerank_depth": s.rerank_depth_for(self.device) if r else 0,
+            "rerank_blend": s.rerank_blend if r else None,
+            "rerank_max_length": r.max_length if r else None,
+        }
+
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         """Exactly ``top_k`` unique documents (fewer only if the corpus is smaller), best first."""
         if not query.strip():

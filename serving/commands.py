@@ -211,7 +211,7 @@ def _opt(value: int | None) -> str:
 
 
 def _search_settings(settings: Settings, engine) -> dict:
-    """The settings a run was made with, defaults resolved as the engine resolved them."""
+    """The settings a run was made with, reranking as the engine resolved it."""
     keys = (
         "bm25_depth",
         "dense_depth",
@@ -222,11 +222,5 @@ def _search_settings(settings: Settings, engine) -> dict:
         "memory_weight",
         "memory_neighbors",
         "rerank",
-        "rerank_blend",
     )
-    reranker = engine.reranker
-    return {k: getattr(settings, k) for k in keys} | {
-        "reranker": reranker.name if reranker else None,
-        "rerank_depth": settings.rerank_depth_for(engine.device) if reranker else 0,
-        "max_length": reranker.max_length if reranker else None,
-    }
+    return {k: getattr(settings, k) for k in keys} | engine.reranking()

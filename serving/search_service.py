@@ -97,11 +97,7 @@ class SearchService:
             "documents": engine.manifest.documents,
             "device": engine.device,
             "encoder": engine.manifest.encoder,
-            "reranker": engine.reranker.name if engine.reranker else None,
-            "reranker_runtime": engine.reranker.runtime if engine.reranker else None,
-            "rerank_depth": self.settings.rerank_depth_for(engine.device) if engine.reranker else 0,
-            "rerank_blend": self.settings.rerank_blend if engine.reranker else None,
-            "rerank_max_length": engine.reranker.max_length if engine.reranker else None,
+            **engine.reranking(),
             "dense_search": engine.dense.backend,
             "load_seconds": round(self.load_seconds, 2),
         }
