@@ -1,11 +1,9 @@
-"""Sweep rerank depth and how reranker and fusion combine on a split (dev), with the installed reranker.
+"""Sweep rerank depth and the reranker/fusion blend on a split (dev), with the installed reranker.
 
     python -m benchmarks.rerank_sweep --split dev --depths 6,10,15,20,30
 
-A plain cross-encoder is swept over blends (``rerank_blend``); a fusion-aware one over multiples of
-its learned prior weight, to check that the weight training found holds on dev. The cross-encoder
-scores each query's fused top ``max(depths)`` once; every setting is then recomputed from those
-scores, so the sweep costs one reranking pass. Each row carries its
+The cross-encoder scores each query's fused top ``max(depths)`` once; every (depth, blend) setting
+is then recomputed from those scores, so the sweep costs one reranking pass. Each row carries its
 nDCG@10 gain over the fused order and a paired t-test's p-value. Writes
 ``benchmarks/results/rerank-sweep-<split>.json`` sorted by nDCG@10.
 """
@@ -21,11 +19,10 @@ from tqdm import tqdm
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.evaluation import continue_with_fused, evaluate_run, paired_test
-from engine.fusion import blend_reranking, prior_reranking
+from engine.fusion import blend_reranking
 from engine.pipeline import HybridEngine
 
 BLENDS = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
-PRIOR_FACTORS = (0.0, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 
 
 def main() -> None:
@@ -56,24 +53,19 @@ def main() -> None:
         result = engine.stages(text, top_k=1)
         results[qid] = (result.fused[:100], result.rerank_scores)
     fused_run = {qid: [d for d, _ in fused] for qid, (fused, _) in results.items()}
-    prior = engine.reranker.prior_weight
-    if prior is None:
-        kind, values, combine = "blend", BLENDS, blend_reranking
-    else:
-        kind, values, combine = "prior_weight", [round(prior * f, 4) for f in PRIOR_FACTORS], prior_reranking
     rows = []
     for depth in depths:
-        for value in values:
+        for blend in BLENDS:
             run = {}
             for qid, (fused, scores) in results.items():
                 head = fused[:depth]
-                reranked = combine(head, [scores[d] for d, _ in head], value)
-                run[qid] = continue_with_fused([d for d, _ in reranked], fused_run[qid])
+                blended = blend_reranking(head, [scores[d] for d, _ in head], blend)
+                run[qid] = continue_with_fused([d for d, _ in blended], fused_run[qid])
             test = paired_test(qrels, run, fused_run)
             rows.append(
                 {
                     "depth": depth,
-                    kind: value,
+                    "blend": blend,
                     "max_length": engine.reranker.max_length,
                     **evaluate_run(qrels, run),
                     "gain_ndcg@10": test["gain"],

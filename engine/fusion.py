@@ -1,9 +1,7 @@
-"""Reciprocal rank fusion (Cormack et al., SIGIR 2009), with per-retriever weights, and the ways a
-cross-encoder's scores are combined with the fused order."""
+"""Reciprocal rank fusion (Cormack et al., SIGIR 2009), with per-retriever weights."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -43,20 +41,6 @@ def blend_reranking(
         ranked = sorted(range(len(head)), key=lambda i: (-scores[i], i))
         return [(head[i][0], float(scores[i])) for i in ranked]
     mixed = (1.0 - blend) * _standardised([s for _, s in head]) + blend * _standardised(scores)
-    ranked = sorted(range(len(head)), key=lambda i: (-mixed[i], i))
-    return [(head[i][0], float(mixed[i])) for i in ranked]
-
-
-def rank_prior(rank: int) -> float:
-    """What a fusion-aware reranker adds (times its learned weight) to its score: ``-log(rank)``, rank
-    from 1. It needs only the order, so it means the same for any first stage and any depth."""
-    return -math.log(rank)
-
-
-def prior_reranking(head: Sequence[tuple[str, float]], scores: Sequence[float], weight: float) -> list[tuple[str, float]]:
-    """Order a ranking's head by ``score + weight * rank_prior(rank)``: how a reranker trained on top of
-    the fused order (its folder holds ``weight``) scored its training groups, so serving matches training."""
-    mixed = [s + weight * rank_prior(rank) for rank, s in enumerate(scores, start=1)]
     ranked = sorted(range(len(head)), key=lambda i: (-mixed[i], i))
     return [(head[i][0], float(mixed[i])) for i in ranked]
 

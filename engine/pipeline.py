@@ -10,7 +10,7 @@ from pathlib import Path
 from engine.batching import RerankBatcher
 from engine.config import Settings
 from engine.dense import DenseRetriever
-from engine.fusion import blend_reranking, prior_reranking, reciprocal_rank_fusion
+from engine.fusion import blend_reranking, reciprocal_rank_fusion
 from engine.index_dir import BM25_DIR, DENSE_FILE, MEMORY_DIR, Manifest, read_docs, read_manifest
 from engine.lucene import BM25Retriever
 from engine.memory import JudgmentMemory
@@ -127,8 +127,7 @@ class HybridEngine:
         self, query: str, ranking: list[tuple[str, float]], scores: dict[str, float], top_k: int = 1
     ) -> list[tuple[str, float]]:
         """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents with their first-stage scores)
-        reordered by the reranker: a fusion-aware reranker adds its learned rank prior, as in training;
-        any other is blended with the first stage (``rerank_blend``). ``scores`` caches
+        reordered by the reranker, blended with the first stage (``rerank_blend``). ``scores`` caches
         cross-encoder scores: documents already in it are not scored again and new ones are added, so
         several rankings of one query share the work.
         """
@@ -137,10 +136,7 @@ class HybridEngine:
         todo = [d for d, _ in head if d not in scores]
         if todo:
             scores.update(zip(todo, self.reranker.score(query, [self.docs[d].contents for d in todo]), strict=True))
-        head_scores = [scores[d] for d, _ in head]
-        if self.reranker.prior_weight is not None:
-            return prior_reranking(head, head_scores, self.reranker.prior_weight)
-        return blend_reranking(head, head_scores, s.rerank_blend)
+        return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
 
     def reranking(self) -> dict:
         """How this engine reranks, defaults resolved: what health checks and run summaries report."""
@@ -149,8 +145,7 @@ class HybridEngine:
             "reranker": r.name if r else None,
             "reranker_runtime": r.runtime if r else None,
             "rerank_depth": s.rerank_depth_for(self.device) if r else 0,
-            "rerank_blend": s.rerank_blend if r and r.prior_weight is None else None,
-            "rerank_prior_weight": r.prior_weight if r else None,
+            "rerank_blend": s.rerank_blend if r else None,
             "rerank_max_length": r.max_length if r else None,
         }
 

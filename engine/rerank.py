@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -10,7 +9,6 @@ from engine.models import resolve_model
 from engine.onnx_runtime import OnnxCrossEncoder
 
 log = logging.getLogger(__name__)
-PRIOR_FILE = "fused_prior.json"
 
 
 class RerankerError(RuntimeError):
@@ -55,7 +53,6 @@ class Reranker:
         if self.onnx is None and device == "cuda":
             self.model.half()
         self.runtime = "onnx" if self.onnx is not None else "torch"
-        self.prior_weight: float | None = _prior_weight(Path(source))
         self.name = name
         self.device = device
         self.batch_size = batch_size
@@ -89,15 +86,3 @@ class Reranker:
                 log.warning("GPU out of memory at batch size 1: reranking on the CPU from now on")
                 self.model.to("cpu").float()
                 self.device = "cpu"
-
-
-def _prior_weight(folder: Path) -> float | None:
-    """The weight of the fused-rank prior a fusion-aware reranker was trained with (None: a plain
-    cross-encoder, whose scores are blended with the first stage instead)."""
-    path = folder / PRIOR_FILE
-    if not path.is_file():
-        return None
-    try:
-        return float(json.loads(path.read_text())["weight"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RerankerError(f"{path}: unreadable prior weight ({exc})") from exc

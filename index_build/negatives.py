@@ -10,12 +10,10 @@ from tqdm import tqdm
 
 @dataclass
 class Mined:
-    """Per training query: judged positives (id -> grade) and unjudged documents among its candidates,
-    and every candidate's fused rank (from 1), the prior a fusion-aware reranker learns on top of."""
+    """Per training query: judged positives (id -> grade) and unjudged documents among its candidates."""
 
     positives: dict[str, dict[str, int]]
     negatives: dict[str, list[str]]
-    ranks: dict[str, dict[str, int]]
 
 
 def mine_candidates(
@@ -29,11 +27,10 @@ def mine_candidates(
     decision reranking makes. Judged documents of any grade are never negatives: NFCorpus judges
     generously, so a judged 0 is rarer than an unjudged relevant one.
     """
-    mined = Mined({}, {}, {})
+    mined = Mined({}, {})
     for qid, text in tqdm(queries.items(), desc="mining candidates", unit="query", disable=not progress):
         judged = qrels.get(qid, {})
         fused = [doc_id for doc_id, _ in engine.stages(text, top_k=depth, exclude=qid).fused[:depth]]
         mined.positives[qid] = {d: judged[d] for d in fused if judged.get(d, 0) > 0}
         mined.negatives[qid] = [d for d in fused if d not in judged]
-        mined.ranks[qid] = {d: rank for rank, d in enumerate(fused, start=1)}
     return mined

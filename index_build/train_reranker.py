@@ -4,11 +4,7 @@ Recipe: each training query's fused top candidates are retrieved as for a new qu
 memory leaves the query out); one judged positive among them (sampled in proportion to its grade)
 and ``group_size - 1`` unjudged ones form a group, and the loss is a softmax cross-entropy over the
 group (listwise "localized contrastive estimation", Gao et al. 2021). That is exactly the decision
-reranking makes. By default the reranker is fusion-aware: each document's logit gets a learned
-``weight * -log(fused rank)`` before the softmax, so the model learns what the fused order gets wrong
-instead of relearning what it already knows (on NFCorpus the fusion carries the train-judgment
-memory, which no text model can see), and serving adds the same prior. Checkpoints are chosen by dev
-nDCG@10 through the real engine pipeline, never by loss.
+reranking makes. Checkpoints are chosen by dev nDCG@10 through the real engine pipeline, never by loss.
 """
 
 from __future__ import annotations
@@ -31,16 +27,13 @@ from engine.evaluation import evaluate_run, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
 from engine.pipeline import HybridEngine
-from engine.fusion import rank_prior
-from engine.rerank import PRIOR_FILE, Reranker
-from index_build.negatives import Mined, mine_candidates
+from engine.rerank import Reranker
+from index_build.negatives import mine_candidates
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"
 TRAIN_MAX_LENGTH = 256
 HEAD_LR_FACTOR = 10
-PRIOR_LR = 1e-2
-PRIOR_FIT_SAMPLES = 4
 
 
 @dataclass
@@ -57,7 +50,6 @@ class TrainOptions:
     eval_split: str = "dev"
     mine_depth: int = 30
     freeze_layers: int = 0
-    fused_prior: bool = True
     seed: int = 13
 
 
@@ -81,7 +73,8 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
 
     engine = HybridEngine(settings.model_copy(update={"rerank": False}))
     mined = mine_candidates(engine, {q: dataset.queries[q] for q in train_ids}, qrels, options.mine_depth, progress)
-    train_ids = [q for q in train_ids if mined.positives[q] and len(mined.negatives[q]) >= options.group_size - 1]
+    positives, negatives = mined.positives, mined.negatives
+    train_ids = [q for q in train_ids if positives[q] and len(negatives[q]) >= options.group_size - 1]
     if not train_ids:
         raise ValueError(
             f"no {split} query has a judged document and {options.group_size - 1} unjudged ones"
@@ -92,21 +85,12 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     from sentence_transformers import CrossEncoder
 
     max_length = settings.max_length or TRAIN_MAX_LENGTH  # saved with the model: serving reads it back
-    # served scores are the raw logits the loss trained (no sigmoid), so the prior adds to what it was fitted with
-    model = CrossEncoder(
-        resolve_model(options.base), num_labels=1, max_length=max_length, device=device, activation_fn=torch.nn.Identity()
-    )
+    model = CrossEncoder(resolve_model(options.base), num_labels=1, max_length=max_length, device=device)
     _freeze_lower_layers(model.transformers_model, options.freeze_layers)
     steps = options.max_steps or math.ceil(len(train_ids) / options.batch_queries)
     eval_every = options.eval_every or max(1, steps // 4)
-    groups = _param_groups(model.transformers_model, options.lr)
-    prior = None  # the prior's weight (fitted to the fused order alone first) and the logits' log scale
-    if options.fused_prior:
-        weight = _fit_prior_weight(mined, train_ids, options.group_size, rng)
-        prior = {"weight": torch.nn.Parameter(torch.tensor(weight)), "log_scale": torch.nn.Parameter(torch.tensor(0.0))}
-        groups.append({"params": list(prior.values()), "lr": PRIOR_LR, "weight_decay": 0.0})
-    trainable = [p for g in groups for p in g["params"]]
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(_param_groups(model.transformers_model, options.lr), weight_decay=0.01)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
@@ -125,32 +109,29 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
                 order = train_ids[:]
                 rng.shuffle(order)
             batch.append(order.pop())
-        loss = _group_loss(model, dataset, batch, mined, prior, options.group_size, rng, use_amp)
+        loss = _group_loss(model, dataset, batch, positives, negatives, options.group_size, rng, use_amp)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-        weight = prior["weight"].item() if prior is not None else None
-        bar.set_postfix(loss=f"{_mean(losses[-20:]):.3f}", prior=weight)
+        bar.set_postfix(loss=f"{_mean(losses[-20:]):.3f}")
         if step % eval_every == 0 or step == steps:
-            metrics = _dev_metrics(model, prior, work / "candidate", engine, settings, device, eval_qrels, eval_queries)
-            history.append({"step": step, "loss": _mean(losses[-eval_every:]), "prior_weight": weight, **metrics})
+            metrics = _dev_metrics(model, work / "candidate", engine, settings, device, eval_qrels, eval_queries)
+            history.append({"step": step, "loss": _mean(losses[-eval_every:]), **metrics})
             log.info("step %d: dev nDCG@10 %.4f (fused %.4f)", step, metrics["nDCG@10"], baseline["nDCG@10"])
             if metrics["nDCG@10"] > best["ndcg@10"]:
                 shutil.rmtree(work / "best", ignore_errors=True)
                 (work / "candidate").rename(work / "best")
-                best = {"step": step, "ndcg@10": metrics["nDCG@10"], "metrics": metrics, "prior_weight": weight}
+                best = {"step": step, "ndcg@10": metrics["nDCG@10"], "metrics": metrics}
     card = {
         "base_model": options.base,
         "data": str(Path(dataset.root).resolve()),
         "train_split": split,
         "train_queries": len(train_ids),
         "loss": f"listwise softmax cross-entropy, 1 positive + {options.group_size - 1} hard negatives"
-        f" from the top {options.mine_depth} candidates (memory leave-one-out)"
-        + (", scaled logits plus a learned weight times -log(fused rank)" if options.fused_prior else ""),
-        "prior_weight": best.get("prior_weight"),
+        f" from the top {options.mine_depth} candidates (memory leave-one-out)",
         "options": asdict(options),
         "max_length": max_length,
         "steps": steps,
@@ -203,41 +184,16 @@ def _param_groups(model, lr: float) -> list[dict]:
     return [{"params": body, "lr": lr}, {"params": head, "lr": lr * HEAD_LR_FACTOR}]
 
 
-def _sample_group(mined: Mined, qid: str, group_size: int, rng: random.Random) -> list[str]:
-    """One judged positive (drawn in proportion to its grade) first, then ``group_size - 1`` negatives."""
-    docs = mined.positives[qid]
-    pos = rng.choices(list(docs), weights=list(docs.values()))[0]
-    return [pos, *rng.sample(mined.negatives[qid], group_size - 1)]
-
-
-def _fit_prior_weight(mined: Mined, train_ids: list[str], group_size: int, rng: random.Random) -> float:
-    """The weight at which ``weight * -log(fused rank)`` alone best predicts the positive of sampled
-    training groups: where the fusion-aware model starts, so its first steps learn text, not the prior."""
-    import numpy as np
-
-    groups = [_sample_group(mined, q, group_size, rng) for q in train_ids for _ in range(PRIOR_FIT_SAMPLES)]
-    owners = [q for q in train_ids for _ in range(PRIOR_FIT_SAMPLES)]
-    prior = np.array([[rank_prior(mined.ranks[q][d]) for d in g] for q, g in zip(owners, groups, strict=True)])
-
-    def loss(weight: float) -> float:
-        logits = weight * prior
-        top = logits.max(axis=1)
-        return float(np.mean(top + np.log(np.exp(logits - top[:, None]).sum(axis=1)) - logits[:, 0]))
-
-    return min(np.arange(0.0, 5.0, 0.05), key=loss).item()
-
-
-def _group_loss(model, dataset, batch, mined, prior, group_size, rng, use_amp):
-    """Softmax cross-entropy with the positive at index 0 of each query's group. With a ``prior``, the
-    logits are scaled by a learned factor (a temperature: a fresh head's logits start nearly equal, and
-    without it they take hundreds of steps to outweigh the prior) and the weighted fused-rank prior is added."""
+def _group_loss(model, dataset, batch, positives, negatives, group_size, rng, use_amp):
+    """Softmax cross-entropy with the positive at index 0 of each query's group."""
     import torch
 
-    pairs, ranks = [], []
+    pairs = []
     for qid in batch:
-        group = _sample_group(mined, qid, group_size, rng)
+        docs = positives[qid]
+        pos = rng.choices(list(docs), weights=list(docs.values()))[0]
+        group = [pos, *rng.sample(negatives[qid], group_size - 1)]
         pairs += [(dataset.queries[qid], dataset.corpus[d].contents) for d in group]
-        ranks += [mined.ranks[qid][d] for d in group]
     features = model.tokenizer(
         [q for q, _ in pairs],
         [d for _, d in pairs],
@@ -248,36 +204,13 @@ def _group_loss(model, dataset, batch, mined, prior, group_size, rng, use_amp):
     ).to(model.device)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
         logits = model.transformers_model(**features).logits.view(len(batch), group_size).float()
-    if prior is not None:
-        fused = torch.tensor([rank_prior(r) for r in ranks], device=logits.device).view_as(logits)
-        logits = logits * prior["log_scale"].exp() + prior["weight"] * fused
     return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=logits.device))
 
 
-def _save(model, prior, folder: Path) -> None:
-    """Save the model as serving loads it: a fusion-aware model's logit scale folded into its scoring
-    layer (so it scores exactly as trained) and its prior weight beside it."""
-    import torch
-
-    shutil.rmtree(folder, ignore_errors=True)
-    if prior is None:
-        model.save_pretrained(str(folder))
-        return
-    layer = [m for m in model.transformers_model.modules() if isinstance(m, torch.nn.Linear)][-1]
-    scale = prior["log_scale"].exp().item()
-    with torch.no_grad():
-        layer.weight.mul_(scale)
-        layer.bias.mul_(scale)
-        model.save_pretrained(str(folder))
-        layer.weight.div_(scale)
-        layer.bias.div_(scale)
-    weight = prior["weight"].item()
-    (folder / PRIOR_FILE).write_text(json.dumps({"feature": "-log(fused rank)", "weight": weight, "logit_scale": scale}) + "\n")
-
-
-def _dev_metrics(model, prior, folder: Path, engine, settings, device, qrels, queries) -> dict[str, float]:
+def _dev_metrics(model, folder: Path, engine, settings, device, qrels, queries) -> dict[str, float]:
     """Save the model, load it the way serving does, and score the real pipeline on dev."""
-    _save(model, prior, folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(str(folder))
     engine.reranker = Reranker(
         str(folder), device, settings.max_length, settings.rerank_batch_size, settings.rerank_runtime
     )

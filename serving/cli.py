@@ -119,8 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train-reranker",
         help="fine-tune the project's cross-encoder on the train judgments",
         description="Fine-tune a cross-encoder on the corpus's train judgments (1 judged positive + hard negatives"
-        " from our own retrievers per query, listwise loss, learned on top of the fused order: each logit gets a"
-        " learned weight times -log(fused rank), and serving adds the same); the checkpoint with the best dev nDCG@10 through"
+        " from our own retrievers per query, listwise loss); the checkpoint with the best dev nDCG@10 through"
         " the real pipeline is saved into <index-dir>/reranker with a model card, and the engine uses it.",
         epilog=TRAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -137,13 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-queries", type=int, default=None, help="dev queries per checkpoint (default all)")
     p.add_argument(
         "--freeze-layers", type=int, default=0, help="keep the embeddings and the first N layers fixed (CPU runs: 2)"
-    )
-    p.add_argument(
-        "--no-fused-prior",
-        dest="fused_prior",
-        action="store_false",
-        help="train a plain cross-encoder (blended with the fusion when served) instead of one that learns on top"
-        " of the fused order",
     )
     p.add_argument("--seed", type=int, default=13)
     p.add_argument(

@@ -132,7 +132,6 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         eval_queries=args.eval_queries,
         freeze_layers=args.freeze_layers,
-        fused_prior=args.fused_prior,
         seed=args.seed,
     )
     card = train(settings, options)

@@ -6,7 +6,7 @@ import pytest
 from engine.config import Settings
 from engine.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
 from engine.pipeline import HybridEngine
-from engine.rerank import PRIOR_FILE, Reranker, RerankerError
+from engine.rerank import Reranker, RerankerError
 
 
 def test_manifest_records_the_build(index_dir, beir_dir):
@@ -127,25 +127,6 @@ def test_blended_reranking_keeps_rerank_scores_apart(index_dir, reranker_dir):
     hits = engine.hits(result, 6)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert all(h.rerank_score == result.rerank_scores[h.doc_id] for h in hits)
-
-
-def test_fusion_aware_reranker_adds_its_prior(index_dir, reranker_dir, tmp_path):
-    import math
-
-    folder = tmp_path / "aware"
-    shutil.copytree(reranker_dir, folder)
-    (folder / PRIOR_FILE).write_text(json.dumps({"weight": 0.7}))
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=str(folder), rerank_depth=6))
-    assert engine.reranker.prior_weight == 0.7
-    assert engine.reranking()["rerank_prior_weight"] == 0.7 and engine.reranking()["rerank_blend"] is None
-    result = engine.stages("coffee and liver enzymes", top_k=6)
-    head = [d for d, _ in result.fused[:6]]
-    expected = {d: result.rerank_scores[d] - 0.7 * math.log(rank) for rank, d in enumerate(head, start=1)}
-    assert [d for d, _ in result.reranked] == sorted(head, key=lambda d: -expected[d])
-    assert all(score == pytest.approx(expected[d]) for d, score in result.reranked)
-    (folder / PRIOR_FILE).write_text("{}")
-    with pytest.raises(RerankerError, match="unreadable prior weight"):
-        Reranker(str(folder), "cpu")
 
 
 def test_missing_default_reranker_serves_fused_results(engine, caplog):

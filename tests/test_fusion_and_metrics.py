@@ -1,7 +1,7 @@
 import pytest
 
 from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
-from engine.fusion import blend_reranking, prior_reranking, reciprocal_rank_fusion
+from engine.fusion import blend_reranking, reciprocal_rank_fusion
 
 
 def test_rrf_matches_hand_computation():
@@ -29,19 +29,6 @@ def test_blend_reranking_between_the_two_orders():
     assert [d for d, _ in blend_reranking(head, scores, 0.6)] == ["b", "a", "c"]
     assert [d for d, _ in blend_reranking(head, scores, 0.9)] == ["b", "c", "a"]
     assert blend_reranking([("a", 1.0)], [0.2], 0.5) == [("a", 0.0)]  # one document: nothing to standardise
-
-
-def test_prior_reranking_adds_the_weighted_log_rank():
-    import math
-
-    head = [("a", 9.0), ("b", 8.0), ("c", 7.0)]  # first-stage scores play no part: only the ranks
-    scores = [0.0, 0.5, 1.2]
-    # a: 0 - 0, b: 0.5 - w log 2, c: 1.2 - w log 3
-    assert [d for d, _ in prior_reranking(head, scores, 0.0)] == ["c", "b", "a"]
-    ranked = prior_reranking(head, scores, 1.0)  # a 0, b -0.193, c 0.101
-    assert [d for d, _ in ranked] == ["c", "a", "b"]
-    assert ranked[0][1] == pytest.approx(1.2 - math.log(3))
-    assert [d for d, _ in prior_reranking(head, scores, 2.0)] == ["a", "b", "c"]  # b: -0.886, c: -0.997
 
 
 def test_in_list_ndcg_hand_computed():

@@ -39,22 +39,8 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
     engine = HybridEngine(settings.model_copy(update={"max_length": None}))  # picks the trained model up by itself
     assert engine.reranker is not None and engine.reranker.name.endswith("reranker")
     assert engine.reranker.max_length == card["max_length"] == 64  # the length it was trained with
-    assert engine.reranker.prior_weight == card["prior_weight"] is not None  # fusion-aware by default
     hits = engine.search("caffeine liver", 3)
     assert len(hits) == 3 and all(h.rerank_score is not None for h in hits)
-
-
-def test_plain_training_serves_blended(index_dir, beir_dir, minilm_path, tmp_path):
-    import shutil
-
-    work_index = tmp_path / "idx"
-    shutil.copytree(index_dir, work_index)
-    settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
-    options = TrainOptions(base=minilm_path, max_steps=2, batch_queries=4, group_size=4, mine_depth=12, fused_prior=False)
-    card = train(settings, options, progress=False)
-    assert card["prior_weight"] is None and "rank" not in card["loss"]
-    engine = HybridEngine(settings)
-    assert engine.reranker.prior_weight is None and engine.reranking()["rerank_blend"] == 0.35
 
 
 def test_missing_train_split_is_a_clear_error(index_dir, beir_dir, minilm_path):
@@ -79,25 +65,3 @@ def test_only_a_fresh_scoring_head_learns_faster(minilm_path, reranker_dir):
     trained = AutoModelForSequenceClassification.from_pretrained(reranker_dir)  # already a cross-encoder
     body, head = _param_groups(trained, 1e-4)
     assert not head["params"] and len(body["params"]) == len(list(trained.parameters()))
-
-
-def test_saved_fusion_aware_model_scores_as_trained(minilm_path, tmp_path):
-    import math
-
-    import numpy as np
-    import torch
-    from sentence_transformers import CrossEncoder
-
-    from engine.rerank import Reranker
-    from index_build.train_reranker import _save
-
-    torch.manual_seed(0)
-    model = CrossEncoder(minilm_path, num_labels=1, max_length=64, activation_fn=torch.nn.Identity())  # as trained
-    pairs = [("coffee and liver", "Coffee intake lowers liver enzymes."), ("soy", "Soy isoflavones and men.")]
-    before = model.predict(pairs)
-    prior = {"weight": torch.nn.Parameter(torch.tensor(0.5)), "log_scale": torch.nn.Parameter(torch.tensor(math.log(3.0)))}
-    _save(model, prior, tmp_path / "aware")
-    served = Reranker(str(tmp_path / "aware"), "cpu", runtime="torch")
-    assert served.prior_weight == 0.5
-    assert np.allclose(served.score_pairs(pairs), 3.0 * before, atol=1e-5)  # the scale is folded into the head
-    assert np.allclose(model.predict(pairs), before, atol=1e-6)  # and the model in training is left as it was
