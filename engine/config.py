@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote")
     memory_depth: int = Field(100, ge=1, description="judgment-memory candidates fused")
     memory_weight: float = Field(1.5, ge=0, description="judgment-memory weight in RRF (tuned on dev)")
+    fusion: Literal["auto", "learned", "rrf"] = Field(
+        "auto",
+        description="auto = the learned fusion when the index has one (`build` trains it from train judgments),"
+        " else RRF; learned = require it; rrf = RRF only (and `build` trains none)",
+    )
 
     # reranking
     rerank: bool = Field(True, description="rerank fused candidates with the cross-encoder")

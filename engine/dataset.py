@@ -44,6 +44,11 @@ class Dataset:
         """Splits whose judgments are present (``train.graded`` counts as its own split)."""
         return sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
 
+    def training_split(self) -> str | None:
+        """The judgments to learn from: graded train judgments when present (NFCorpus ships both),
+        else ``train``, else none."""
+        return next((s for s in ("train.graded", "train") if s in self.splits()), None)
+
     def qrels(self, split: str) -> Qrels:
         """Judgments of ``split``, validated against the corpus and the queries."""
         if split not in self._qrels:

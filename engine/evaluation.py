@@ -107,20 +107,23 @@ def stage_runs(
     queries: Mapping[str, str],
     depth: int = 100,
     progress: bool = True,
-    reranked: Sequence[str] = ("bm25", "dense", "rrf"),
+    reranked: Sequence[str] = ("bm25", "dense", "rrf", "learned"),
 ) -> dict[str, Run]:
-    """Each stage's ranking of every query: BM25, dense, judgment memory and RRF; with a reranker,
-    the ``reranked`` stages again with their heads reranked (``<stage>+rerank``).
+    """Each stage's ranking of every query: BM25, dense, judgment memory, RRF and, when the engine
+    has one, the learned fusion; with a reranker, the ``reranked`` stages again with their heads
+    reranked (``<stage>+rerank``). :func:`served_stage` names the fusion the engine serves.
 
     A reranked run continues past its head with the stage's own order, so Recall@100 compares like
-    with like. The cross-encoder scores each (query, document) pair once across the three heads.
+    with like. The cross-encoder scores each (query, document) pair once across the heads.
     """
     from tqdm import tqdm
 
     runs: dict[str, Run] = {}
     for qid, text in tqdm(queries.items(), desc="evaluating", unit="query", disable=not progress):
         result = engine.stages(text, top_k=1)
-        rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.fused}
+        rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.rrf}
+        if engine.fusion is not None:
+            rankings["learned"] = result.fused
         if engine.memory is None:
             del rankings["memory"]
         for stage, ranking in rankings.items():
@@ -128,9 +131,15 @@ def stage_runs(
             runs.setdefault(stage, {})[qid] = ids
             if result.reranked is None or stage not in reranked:
                 continue
-            head = result.reranked if stage == "rrf" else engine.rerank(text, ranking, result.rerank_scores)
+            served = stage == served_stage(engine)
+            head = result.reranked if served else engine.rerank(text, ranking, result.rerank_scores)
             runs.setdefault(f"{stage}+rerank", {})[qid] = continue_with_fused([d for d, _ in head], ids, depth)
     return runs
+
+
+def served_stage(engine) -> str:
+    """The stage name of the fusion ``engine`` serves: ``learned`` or ``rrf``."""
+    return "learned" if engine.fusion is not None else "rrf"
 
 
 def continue_with_fused(head: list[str], fused: list[str], depth: int = 100) -> list[str]:

@@ -1,8 +1,8 @@
 """The on-disk contract between the builder and the engine.
 
 An index directory holds ``bm25/`` (Lucene), ``dense.faiss``, ``docs.jsonl`` (the document store,
-in FAISS row order), ``manifest.json`` and optionally ``memory/`` (the judgment memory) and
-``reranker/``. The manifest is written last,
+in FAISS row order), ``manifest.json`` and optionally ``memory/`` (the judgment memory), ``fusion/``
+(the learned fusion) and ``reranker/``. The manifest is written last,
 inside a temporary folder that is renamed into place, so a directory with a manifest is complete.
 """
 
@@ -21,6 +21,7 @@ DOCS_FILE = "docs.jsonl"
 MANIFEST_FILE = "manifest.json"
 RERANKER_DIR = "reranker"
 MEMORY_DIR = "memory"
+FUSION_DIR = "fusion"
 
 
 class IndexDirError(RuntimeError):

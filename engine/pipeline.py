@@ -1,4 +1,5 @@
-"""The hybrid engine: BM25, dense and judgment-memory retrieval, reciprocal rank fusion, reranking."""
+"""The hybrid engine: BM25, dense and judgment-memory retrieval, fusion (RRF, or learned when the
+index has a trained fusion model), reranking."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from engine.batching import RerankBatcher
 from engine.config import Settings
 from engine.dense import DenseRetriever
 from engine.fusion import blend_reranking, reciprocal_rank_fusion
-from engine.index_dir import BM25_DIR, DENSE_FILE, MEMORY_DIR, Manifest, read_docs, read_manifest
+from engine.index_dir import BM25_DIR, DENSE_FILE, FUSION_DIR, MEMORY_DIR, Manifest, read_docs, read_manifest
+from engine.learned_fusion import FusionModelError, LearnedFusion
 from engine.lucene import BM25Retriever
 from engine.memory import JudgmentMemory
 from engine.models import load_encoder, pick_device
@@ -39,15 +41,22 @@ class Hit:
 
 @dataclass
 class StageResult:
-    """Every stage's ranking for one query, for evaluation and latency reports."""
+    """Every stage's ranking for one query, for evaluation and latency reports. ``fused`` is the
+    fusion served (the learned one when loaded, else ``rrf``)."""
 
     bm25: list[tuple[str, float]]
     dense: list[tuple[str, float]]
     memory: list[tuple[str, float]]
+    rrf: list[tuple[str, float]]
     fused: list[tuple[str, float]]
     reranked: list[tuple[str, float]] | None
     seconds: dict[str, float] = field(default_factory=dict)
     rerank_scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def retrieved(self) -> dict[str, list[tuple[str, float]]]:
+        """What each first-stage retriever returned, as the learned fusion reads it."""
+        return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
 
 
 class HybridEngine:
@@ -66,12 +75,27 @@ class HybridEngine:
             index_dir / DENSE_FILE, [d.doc_id for d in docs], encoder, settings.hnsw_ef_search, self.device
         )
         self.memory = self._load_memory(index_dir)
+        self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.reranker = self._load_reranker()
 
     def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:
         if not self.settings.memory or not (index_dir / MEMORY_DIR).is_dir():
             return None
         return JudgmentMemory(index_dir / MEMORY_DIR, self.settings.memory_neighbors)
+
+    def _load_fusion(self, folder: Path) -> LearnedFusion | None:
+        """``auto`` uses a trained fusion model when the index has one (a broken one is reported and
+        RRF serves); ``learned`` requires one; ``rrf`` never loads one."""
+        mode = self.settings.fusion
+        if mode == "rrf" or (mode == "auto" and not folder.is_dir()):
+            return None
+        try:
+            return LearnedFusion(folder)
+        except FusionModelError as exc:
+            if mode == "learned":
+                raise
+            log.warning("%s; serving RRF", exc)
+            return None
 
     def _load_reranker(self) -> Reranker | RerankBatcher | None:
         if not self.settings.rerank:
@@ -113,7 +137,9 @@ class HybridEngine:
         t2 = time.perf_counter()
         rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
         weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
-        fused = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
+        rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
+        found = {"bm25": bm25, "dense": dense, "memory": memory}
+        fused = self.fusion.rank(query, found, rrf) if self.fusion is not None else rrf
         t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
@@ -121,7 +147,7 @@ class HybridEngine:
             reranked = self.rerank(query, fused, rerank_scores, top_k)
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
-        return StageResult(bm25, dense, memory, fused, reranked, seconds, rerank_scores)
+        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores)
 
     def rerank(
         self, query: str, ranking: list[tuple[str, float]], scores: dict[str, float], top_k: int = 1
@@ -138,10 +164,12 @@ class HybridEngine:
             scores.update(zip(todo, self.reranker.score(query, [self.docs[d].contents for d in todo]), strict=True))
         return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
 
-    def reranking(self) -> dict:
-        """How this engine reranks, defaults resolved: what health checks and run summaries report."""
+    def describe(self) -> dict:
+        """How this engine fuses and reranks, defaults resolved: what health checks and run summaries
+        report."""
         r, s = self.reranker, self.settings
         return {
+            "fusion": f"learned ({self.fusion.describe()})" if self.fusion else "rrf",
             "reranker": r.name if r else None,
             "reranker_runtime": r.runtime if r else None,
             "rerank_depth": s.rerank_depth_for(self.device) if r else 0,

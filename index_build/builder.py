@@ -30,6 +30,7 @@ from engine.index_dir import (
 from engine.java import start_jvm
 from engine.memory import write_memory
 from engine.models import load_encoder, pick_device
+from index_build.train_fusion import train_fusion, training_split
 
 log = logging.getLogger(__name__)
 _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers", "torch", "transformers")
@@ -38,7 +39,8 @@ _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers"
 def build_index(settings: Settings, dataset: Dataset | None = None, progress: bool = True) -> Manifest:
     """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
 
-    A reranker trained into an earlier index of the same corpus is carried over.
+    With training judgments, the learned fusion is trained on the new index before the swap. A
+    reranker trained into an earlier index of the same corpus is carried over.
     """
     started = time.perf_counter()
     dataset = dataset or load_dataset(settings.data_dir)
@@ -72,6 +74,8 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
         )
         _keep_reranker(target, tmp, manifest.fingerprint)
         manifest.write(tmp)
+        if settings.fusion != "rrf" and training_split(manifest, dataset):
+            train_fusion(settings.model_copy(update={"index_dir": tmp}), dataset, progress=progress)
         _swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -95,7 +99,7 @@ def _build_memory(folder: Path, dataset: Dataset, settings: Settings, encoder) -
     """Embed the training queries that have positive judgments; skipped when there are none."""
     split = settings.memory_split
     if split == "auto":
-        split = next((s for s in ("train.graded", "train") if s in dataset.splits()), None)
+        split = dataset.training_split()
     if split is None:
         log.info("no training judgments: building without a judgment memory")
         return {}

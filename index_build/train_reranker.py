@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from engine.config import Settings
 from engine.dataset import Dataset, load_dataset
-from engine.evaluation import evaluate_run, stage_runs
+from engine.evaluation import evaluate_run, served_stage, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
 from engine.pipeline import HybridEngine
@@ -61,7 +61,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     rng = random.Random(options.seed)
     torch.manual_seed(options.seed)
     dataset = dataset or load_dataset(settings.data_dir)
-    split = options.split or ("train.graded" if "train.graded" in dataset.splits() else "train")
+    split = options.split or dataset.training_split() or "train"
     qrels = dataset.qrels(split)
     train_ids = sorted(q for q, docs in qrels.items() if any(g > 0 for g in docs.values()))
     if options.queries:
@@ -98,7 +98,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     use_amp = device == "cuda"
     work = Path(tempfile.mkdtemp(prefix="reranker-train-"))
     best = {"step": 0, "ndcg@10": -1.0, "metrics": {}}
-    baseline = evaluate_run(eval_qrels, stage_runs(engine, eval_queries, progress=False)["rrf"])
+    baseline = evaluate_run(eval_qrels, stage_runs(engine, eval_queries, progress=False)[served_stage(engine)])
     history, losses, order = [], [], []
     bar = tqdm(range(1, steps + 1), desc="training reranker", unit="step", disable=not progress)
     for step in bar:
@@ -215,6 +215,7 @@ def _dev_metrics(model, folder: Path, engine, settings, device, qrels, queries) 
         str(folder), device, settings.max_length, settings.rerank_batch_size, settings.rerank_runtime
     )
     try:
-        return evaluate_run(qrels, stage_runs(engine, queries, progress=False, reranked=("rrf",))["rrf+rerank"])
+        stage = served_stage(engine)
+        return evaluate_run(qrels, stage_runs(engine, queries, progress=False, reranked=(stage,))[f"{stage}+rerank"])
     finally:
         engine.reranker = None

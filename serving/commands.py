@@ -85,11 +85,10 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     engine = HybridEngine(settings)
     runs = stage_runs(engine, queries)
     report = {stage: evaluate_run(qrels, run) for stage, run in runs.items()}
-    reranking = {
-        f"{stage} vs {stage.removesuffix('+rerank')}": paired_test(qrels, run, runs[stage.removesuffix("+rerank")])
-        for stage, run in runs.items()
-        if stage.endswith("+rerank")
-    }
+    pairs = [(stage, stage.removesuffix("+rerank")) for stage in runs if stage.endswith("+rerank")]
+    if "learned" in runs:
+        pairs.append(("learned", "rrf"))
+    gains = {f"{a} vs {b}": paired_test(qrels, runs[a], runs[b]) for a, b in pairs}
     out = args.output or Path("benchmarks/results") / f"eval-{args.split}"
     out.mkdir(parents=True, exist_ok=True)
     for stage, run in runs.items():
@@ -101,7 +100,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
             "index": str(settings.index_dir),
             "settings": _search_settings(settings, engine),
             "stages": report,
-            "reranker_gain_ndcg@10": reranking,
+            "gain_ndcg@10": gains,
         },
     )
     table = Table(title=f"{args.split}: {len(queries)} queries")
@@ -112,7 +111,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     for stage, metrics in report.items():
         table.add_row(stage, *(f"{metrics[c]:.4f}" for c in columns))
     console.print(table)
-    for pair, test in reranking.items():
+    for pair, test in gains.items():
         console.print(f"{pair}: nDCG@10 {test['gain']:+.4f} (paired t-test p = {test['p_value']:.3g})")
     console.print(f"runs and summary in {out}")
     return 0
@@ -135,6 +134,14 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     card = train(settings, options)
+    console.print_json(json.dumps(card))
+    return 0
+
+
+def train_fusion(settings: Settings, args: argparse.Namespace) -> int:
+    from index_build.train_fusion import train_fusion as train
+
+    card = train(settings, queries=args.queries, seed=args.seed)
     console.print_json(json.dumps(card))
     return 0
 
@@ -221,6 +228,7 @@ def _search_settings(settings: Settings, engine) -> dict:
         "memory",
         "memory_weight",
         "memory_neighbors",
+        "fusion",
         "rerank",
     )
-    return {k: getattr(settings, k) for k in keys} | engine.reranking()
+    return {k: getattr(settings, k) for k in keys} | engine.describe()

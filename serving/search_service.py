@@ -97,7 +97,7 @@ class SearchService:
             "documents": engine.manifest.documents,
             "device": engine.device,
             "encoder": engine.manifest.encoder,
-            **engine.reranking(),
+            **engine.describe(),
             "dense_search": engine.dense.backend,
             "load_seconds": round(self.load_seconds, 2),
         }

@@ -45,7 +45,8 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
     ]
     assert main(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert set(summary["stages"]) == {"bm25", "dense", "memory", "rrf"}
+    assert set(summary["stages"]) == {"bm25", "dense", "memory", "rrf", "learned"}
+    assert set(summary["gain_ndcg@10"]) == {"learned vs rrf"}
     assert summary["stages"]["rrf"]["queries"] == 8
     lines = (tmp_path / "run.rrf.trec").read_text().splitlines()
     assert lines[0].split()[1:4:2] == ["Q0", "1"] and len(lines) == 8 * 32
