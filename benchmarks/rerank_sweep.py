@@ -1,11 +1,11 @@
 """Sweep rerank depth and the reranker/fusion blend on a split (dev), with the installed reranker.
 
-    python -m benchmarks.rerank_sweep --split dev --depths 6,10,15,20,30
+    python -m benchmarks.rerank_sweep --split dev --depths 6,10,15,20,30 [--fusion rrf]
 
 The cross-encoder scores each query's fused top ``max(depths)`` once; every (depth, blend) setting
 is then recomputed from those scores, so the sweep costs one reranking pass. Each row carries its
 nDCG@10 gain over the fused order and a paired t-test's p-value. Writes
-``benchmarks/results/rerank-sweep-<split>.json`` sorted by nDCG@10.
+``benchmarks/results/rerank-sweep-<split>-<fusion>.json`` sorted by nDCG@10.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ def main() -> None:
     parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
     parser.add_argument("--data", type=Path, default=Settings().data_dir)
     parser.add_argument("--depths", default="6,10,15,20,30", help="comma-separated rerank depths")
+    parser.add_argument(
+        "--fusion", choices=["learned", "rrf"], default="learned", help="fusion to rerank (default learned)"
+    )
     parser.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker)")
     parser.add_argument("--max-length", type=int, help="tokens per pair (default: the reranker's own)")
     parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/rerank-sweep-<split>.json)")
@@ -44,6 +47,7 @@ def main() -> None:
         rerank_depth=depths[-1],
         rerank_blend=1.0,
         max_length=args.max_length,
+        fusion=args.fusion,
     )
     engine = HybridEngine(settings)
     if engine.reranker is None:
@@ -64,6 +68,7 @@ def main() -> None:
             test = paired_test(qrels, run, fused_run)
             rows.append(
                 {
+                    "fusion": args.fusion,
                     "depth": depth,
                     "blend": blend,
                     "max_length": engine.reranker.max_length,
@@ -73,7 +78,7 @@ def main() -> None:
                 }
             )
     rows.sort(key=lambda r: -r["nDCG@10"])
-    out = args.output or Path("benchmarks/results") / f"rerank-sweep-{args.split}.json"
+    out = args.output or Path("benchmarks/results") / f"rerank-sweep-{args.split}-{args.fusion}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     for row in rows:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})

@@ -19,18 +19,19 @@ class Mined:
 def mine_candidates(
     engine, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], depth: int = 30, progress: bool = True
 ) -> Mined:
-    """Split each training query's fused top ``depth`` into judged positives and hard negatives.
+    """Split each training query's RRF top ``depth`` into judged positives and hard negatives.
 
     The query is left out of the judgment memory, so its candidates are what the reranker would see
     for a new query; otherwise the memory returns the query's own labels and the "hard" negatives
-    become whatever lexical matches are left. Positives come from the same list, which is the
+    become whatever lexical matches are left. RRF rather than the learned fusion for the same
+    reason: that was fitted on these very queries' judgments. Positives come from the same list, which is the
     decision reranking makes. Judged documents of any grade are never negatives: NFCorpus judges
     generously, so a judged 0 is rarer than an unjudged relevant one.
     """
     mined = Mined({}, {})
     for qid, text in tqdm(queries.items(), desc="mining candidates", unit="query", disable=not progress):
         judged = qrels.get(qid, {})
-        fused = [doc_id for doc_id, _ in engine.stages(text, top_k=depth, exclude=qid).fused[:depth]]
+        fused = [doc_id for doc_id, _ in engine.stages(text, top_k=depth, exclude=qid).rrf[:depth]]
         mined.positives[qid] = {d: judged[d] for d in fused if judged.get(d, 0) > 0}
         mined.negatives[qid] = [d for d in fused if d not in judged]
     return mined
