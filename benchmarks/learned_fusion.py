@@ -39,12 +39,13 @@ def main() -> None:
     settings = Settings(fusion="rrf")
     dataset = load_dataset(settings.data_dir)
     engine = HybridEngine(settings)
+    plain = HybridEngine(settings.model_copy(update={"rerank": False}))  # training features need no reranking
     split = training_split(engine.manifest, dataset)
     train = dataset.qrels(split)
     train_ids = sorted(q for q, docs in train.items() if any(g > 0 for g in docs.values()))
     if args.train_queries:
         train_ids = random.Random(args.seed).sample(train_ids, min(args.train_queries, len(train_ids)))
-    features = collect(engine, dataset, train, train_ids)
+    features = collect(plain, dataset, train, train_ids)
     dev = dataset.qrels("dev")
     results = {q: engine.stages(t, top_k=1) for q, t in tqdm(dataset.split_queries("dev").items(), desc="dev")}
     report: dict[str, dict] = {}

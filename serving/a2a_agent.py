@@ -128,7 +128,7 @@ def agent_card(url: str) -> AgentCard:
     return AgentCard(
         name="hybrid-search NFCorpus retriever",
         description="Retrieves NFCorpus medical abstracts for a plain-English query: BM25 + dense "
-        "retrieval, reciprocal rank fusion and cross-encoder reranking. Replies with ranked doc ids.",
+        "retrieval, learned fusion and cross-encoder reranking. Replies with ranked doc ids.",
         version="0.1.0",
         supported_interfaces=[
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_1_0),

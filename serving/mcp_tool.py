@@ -27,7 +27,7 @@ TOOL_NAME = "search_nfcorpus"
 
 class SearchResult(BaseModel):
     doc_id: str = Field(description="corpus document id, e.g. MED-123")
-    score: float = Field(description="final relevance score (reranker score when reranking is on)")
+    score: float = Field(description="final relevance score (fusion and reranker blended when reranking is on)")
     title: str
     text: str
 
