@@ -1,10 +1,12 @@
 """Fine-tune the project's cross-encoder on a corpus's train judgments.
 
-Recipe: each training query's fused top candidates are retrieved as for a new query (the judgment
+Recipe: each training query's RRF top candidates are retrieved as for a new query (the judgment
 memory leaves the query out); one judged positive among them (sampled in proportion to its grade)
 and ``group_size - 1`` unjudged ones form a group, and the loss is a softmax cross-entropy over the
 group (listwise "localized contrastive estimation", Gao et al. 2021). That is exactly the decision
-reranking makes. Checkpoints are chosen by dev nDCG@10 through the real engine pipeline, never by loss.
+reranking makes. ``loss="pointwise"`` scores the same groups with binary cross-entropy instead
+(positive 1, negatives 0), for comparison. Checkpoints are chosen by dev nDCG@10 through the real
+engine pipeline, never by loss.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"
 TRAIN_MAX_LENGTH = 256
 HEAD_LR_FACTOR = 10
+LOSSES = {"listwise": "listwise softmax cross-entropy", "pointwise": "pointwise binary cross-entropy"}
 
 
 @dataclass
@@ -51,6 +55,7 @@ class TrainOptions:
     mine_depth: int = 30
     freeze_layers: int = 0
     seed: int = 13
+    loss: Literal["listwise", "pointwise"] = "listwise"
 
 
 def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = None, progress: bool = True) -> dict:
@@ -109,7 +114,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
                 order = train_ids[:]
                 rng.shuffle(order)
             batch.append(order.pop())
-        loss = _group_loss(model, dataset, batch, positives, negatives, options.group_size, rng, use_amp)
+        loss = _group_loss(model, dataset, batch, positives, negatives, options, rng, use_amp)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
@@ -130,8 +135,8 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "data": str(Path(dataset.root).resolve()),
         "train_split": split,
         "train_queries": len(train_ids),
-        "loss": f"listwise softmax cross-entropy, 1 positive + {options.group_size - 1} hard negatives"
-        f" from the top {options.mine_depth} candidates (memory leave-one-out)",
+        "loss": f"{LOSSES[options.loss]}, 1 positive + {options.group_size - 1} hard negatives"
+        f" from the RRF top {options.mine_depth} (memory leave-one-out)",
         "options": asdict(options),
         "max_length": max_length,
         "steps": steps,
@@ -184,10 +189,12 @@ def _param_groups(model, lr: float) -> list[dict]:
     return [{"params": body, "lr": lr}, {"params": head, "lr": lr * HEAD_LR_FACTOR}]
 
 
-def _group_loss(model, dataset, batch, positives, negatives, group_size, rng, use_amp):
-    """Softmax cross-entropy with the positive at index 0 of each query's group."""
+def _group_loss(model, dataset, batch, positives, negatives, options: TrainOptions, rng, use_amp):
+    """The positive sits at index 0 of each query's group: softmax cross-entropy over the group
+    (listwise) or binary cross-entropy per pair (pointwise)."""
     import torch
 
+    group_size = options.group_size
     pairs = []
     for qid in batch:
         docs = positives[qid]
@@ -204,6 +211,10 @@ def _group_loss(model, dataset, batch, positives, negatives, group_size, rng, us
     ).to(model.device)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
         logits = model.transformers_model(**features).logits.view(len(batch), group_size).float()
+    if options.loss == "pointwise":
+        targets = torch.zeros_like(logits)
+        targets[:, 0] = 1.0
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
     return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=logits.device))
 
 

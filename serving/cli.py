@@ -149,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=13)
     p.add_argument(
+        "--loss",
+        choices=["listwise", "pointwise"],
+        default="listwise",
+        help="listwise: softmax over each query's group (default); pointwise: binary cross-entropy per pair",
+    )
+    p.add_argument(
         "--max-length", type=int, help="tokens per pair (default 256; CPU runs: 128), saved with the model for serving"
     )
     _device(p)

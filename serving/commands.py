@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import Settings
-from engine.index_dir import MANIFEST_FILE
+from engine.index_dir import FUSION_DIR, MANIFEST_FILE
 
 console = Console()
 
@@ -19,10 +19,12 @@ console = Console()
 def build(settings: Settings, args: argparse.Namespace) -> int:
     from index_build.builder import build_index
 
+    started = time.perf_counter()
     manifest = build_index(settings)
+    fusion = "learned fusion" if (Path(settings.index_dir) / FUSION_DIR).is_dir() else "RRF only"
     console.print(
-        f"built [bold]{settings.index_dir}[/]: {manifest.documents} documents, "
-        f"encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {manifest.build_seconds:.0f} s"
+        f"built [bold]{settings.index_dir}[/]: {manifest.documents} documents, encoder {manifest.encoder}"
+        f" ({manifest.dimension}-d, {manifest.dense_index}), {fusion}, {time.perf_counter() - started:.0f} s"
     )
     return 0
 
@@ -132,6 +134,7 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         eval_queries=args.eval_queries,
         freeze_layers=args.freeze_layers,
         seed=args.seed,
+        loss=args.loss,
     )
     card = train(settings, options)
     console.print_json(json.dumps(card))

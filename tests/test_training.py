@@ -21,17 +21,18 @@ def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_
         assert len(negatives) + len(mined.positives[qid]) <= 10 and len(negatives) == len(set(negatives))
 
 
-def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path):
+@pytest.mark.parametrize("loss", ["listwise", "pointwise"])
+def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path, loss):
     import shutil
 
     work_index = tmp_path / "idx"
     shutil.copytree(index_dir, work_index)
     settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
     options = TrainOptions(
-        base=minilm_path, max_steps=10, batch_queries=4, group_size=4, lr=1e-4, eval_every=5, mine_depth=12
+        base=minilm_path, max_steps=10, batch_queries=4, group_size=4, lr=1e-4, eval_every=5, mine_depth=12, loss=loss
     )
     card = train(settings, options, progress=False)
-    assert card["train_split"] == "train" and card["steps"] == 10
+    assert card["train_split"] == "train" and card["steps"] == 10 and card["loss"].startswith(loss)
     assert card["loss_last"] < card["loss_first"]
     assert card["best_step"] in (5, 10) and len(card["history"]) == 2
     saved = json.loads((work_index / "reranker" / CARD_FILE).read_text())
