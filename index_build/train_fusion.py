@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from engine.config import Settings
 from engine.dataset import Dataset, load_dataset
-from engine.evaluation import evaluate_run
+from engine.evaluation import evaluate_run, stage_runs
 from engine.index_dir import FUSION_DIR, Manifest
 from engine.learned_fusion import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
 from engine.pipeline import HybridEngine
@@ -129,11 +129,14 @@ def _compare_on_dev(engine: HybridEngine, fusion: LearnedFusion, dataset: Datase
     """Dev metrics of RRF and of the new model, for the card; nothing is chosen on them here."""
     if EVAL_SPLIT not in dataset.splits():
         return {}
-    rrf, learned = {}, {}
-    queries = dataset.split_queries(EVAL_SPLIT)
-    for qid, text in tqdm(queries.items(), desc="dev check", unit="query", disable=not progress):
-        result = engine.stages(text, top_k=1)
-        rrf[qid] = [d for d, _ in result.rrf[:100]]
-        learned[qid] = [d for d, _ in fusion.rank(text, result.retrieved, result.rrf)[:100]]
+    engine.fusion = fusion
+    try:
+        runs = stage_runs(engine, dataset.split_queries(EVAL_SPLIT), progress=progress)
+    finally:
+        engine.fusion = None
     qrels = dataset.qrels(EVAL_SPLIT)
-    return {"eval_split": EVAL_SPLIT, "dev_rrf": evaluate_run(qrels, rrf), "dev_learned": evaluate_run(qrels, learned)}
+    return {
+        "eval_split": EVAL_SPLIT,
+        "dev_rrf": evaluate_run(qrels, runs["rrf"]),
+        "dev_learned": evaluate_run(qrels, runs["learned"]),
+    }
