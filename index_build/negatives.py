@@ -17,7 +17,7 @@ class Mined:
 
 
 def mine_candidates(
-    engine, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], depth: int = 30, progress: bool = True
+    engine, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], depth: int, progress: bool = True
 ) -> Mined:
     """Split each training query's RRF top ``depth`` into judged positives and hard negatives.
 

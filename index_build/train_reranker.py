@@ -4,8 +4,9 @@ Recipe: each training query's RRF top candidates are retrieved as for a new quer
 memory leaves the query out); one judged positive among them (sampled in proportion to its grade)
 and ``group_size - 1`` unjudged ones form a group, and the loss is a softmax cross-entropy over the
 group (listwise "localized contrastive estimation", Gao et al. 2021). That is exactly the decision
-reranking makes. ``loss="pointwise"`` scores the same groups with binary cross-entropy instead
-(positive 1, negatives 0), for comparison. Checkpoints are chosen by dev nDCG@10 through the real
+reranking makes. For comparison, ``loss="pairwise"`` scores the same groups with a logistic loss on
+the positive's margin over each negative (RankNet), ``loss="pointwise"`` with binary cross-entropy
+(positive 1, negatives 0). Checkpoints are chosen by dev nDCG@10 through the real
 engine pipeline, never by loss.
 """
 
@@ -37,7 +38,11 @@ log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"
 TRAIN_MAX_LENGTH = 256
 HEAD_LR_FACTOR = 10
-LOSSES = {"listwise": "listwise softmax cross-entropy", "pointwise": "pointwise binary cross-entropy"}
+LOSSES = {
+    "listwise": "listwise softmax cross-entropy",
+    "pairwise": "pairwise logistic (RankNet) loss",
+    "pointwise": "pointwise binary cross-entropy",
+}
 
 
 @dataclass
@@ -52,10 +57,10 @@ class TrainOptions:
     eval_every: int | None = None
     eval_queries: int | None = None
     eval_split: str = "dev"
-    mine_depth: int = 30
+    mine_depth: int = 100
     freeze_layers: int = 0
     seed: int = 13
-    loss: Literal["listwise", "pointwise"] = "listwise"
+    loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
 
 
 def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = None, progress: bool = True) -> dict:
@@ -191,7 +196,8 @@ def _param_groups(model, lr: float) -> list[dict]:
 
 def _group_loss(model, dataset, batch, positives, negatives, options: TrainOptions, rng, use_amp):
     """The positive sits at index 0 of each query's group: softmax cross-entropy over the group
-    (listwise) or binary cross-entropy per pair (pointwise)."""
+    (listwise), log(1 + e^(negative - positive)) per negative (pairwise) or binary cross-entropy per
+    pair (pointwise)."""
     import torch
 
     group_size = options.group_size
@@ -215,6 +221,8 @@ def _group_loss(model, dataset, batch, positives, negatives, options: TrainOptio
         targets = torch.zeros_like(logits)
         targets[:, 0] = 1.0
         return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
+    if options.loss == "pairwise":
+        return torch.nn.functional.softplus(logits[:, 1:] - logits[:, :1]).mean()
     return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=logits.device))
 
 

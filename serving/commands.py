@@ -129,6 +129,7 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         queries=args.queries,
         batch_queries=args.batch_queries,
         group_size=args.group_size,
+        mine_depth=args.mine_depth,
         lr=args.lr,
         eval_every=args.eval_every,
         eval_queries=args.eval_queries,

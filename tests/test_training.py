@@ -21,7 +21,7 @@ def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_
         assert len(negatives) + len(mined.positives[qid]) <= 10 and len(negatives) == len(set(negatives))
 
 
-@pytest.mark.parametrize("loss", ["listwise", "pointwise"])
+@pytest.mark.parametrize("loss", ["listwise", "pairwise", "pointwise"])
 def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path, loss):
     import shutil
 
