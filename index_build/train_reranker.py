@@ -67,6 +67,8 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     """Train, keep the best dev checkpoint in ``<index_dir>/reranker`` and return its model card."""
     import torch
 
+    if options.mine_depth < options.group_size:
+        raise ValueError(f"--mine-depth {options.mine_depth} cannot hold a group of {options.group_size} documents")
     started = time.perf_counter()
     rng = random.Random(options.seed)
     torch.manual_seed(options.seed)

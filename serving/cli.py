@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--mine-depth",
         type=int,
         default=100,
-        help="positives and negatives come from each query's RRF top N (default 100; on dev it trained slightly better than 30)",
+        help="positives and negatives come from each query's RRF top N (default 100; trained slightly better"
+        " than 30 on dev)",
     )
     p.add_argument("--lr", type=float, default=3e-5, help="learning rate (default 3e-5)")
     p.add_argument("--eval-every", type=int, default=None, help="steps between dev checkpoints (default: 4 per run)")

@@ -61,11 +61,12 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["evaluate", "--split", "test"], "no judgments for split 'test'"),
         (["search", "x", "--rrf-k", "-1"], "invalid settings: rrf_k"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
+        (["train-reranker", "--mine-depth", "4"], "--mine-depth 4 cannot hold a group of 8"),
         (["--config", "/nonexistent.toml", "search", "x"], "file not found"),
     ],
 )
 def test_bad_input_is_a_clear_cli_error(argv, message, capsys, index_dir, beir_dir):
-    if argv[0] == "evaluate":
+    if argv[0] in ("evaluate", "train-reranker"):
         argv = argv + ["--index-dir", str(index_dir), "--data", str(beir_dir)]
     elif argv[0] == "search" and "--index-dir" not in argv:
         argv = argv + ["--index-dir", str(index_dir)]
