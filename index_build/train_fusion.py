@@ -129,11 +129,11 @@ def _compare_on_dev(engine: HybridEngine, fusion: LearnedFusion, dataset: Datase
     """Dev metrics of RRF and of the new model, for the card; nothing is chosen on them here."""
     if EVAL_SPLIT not in dataset.splits():
         return {}
-    engine.fusion = fusion
+    served, engine.fusion = engine.fusion, fusion
     try:
         runs = stage_runs(engine, dataset.split_queries(EVAL_SPLIT), progress=progress)
     finally:
-        engine.fusion = None
+        engine.fusion = served
     qrels = dataset.qrels(EVAL_SPLIT)
     return {
         "eval_split": EVAL_SPLIT,
