@@ -27,7 +27,7 @@ from tqdm import tqdm
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.evaluation import evaluate_run, paired_test, stage_runs
-from engine.models import load_encoder
+from engine.models import load_encoder, pick_device
 from engine.pipeline import HybridEngine
 from index_build.builder import build_index
 
@@ -97,7 +97,8 @@ def _fine_tune(engine: HybridEngine, dataset, folder: Path, args) -> list[float]
         found = engine.dense.search(engine.dense.encode_query(dataset.queries[qid]), NEGATIVE_RANKS.stop)
         negatives[qid] = [d for d, _ in found[NEGATIVE_RANKS] if d not in qrels[qid]]
     query_ids = [q for q in query_ids if negatives[q]]
-    model = load_encoder(engine.manifest.encoder, "cpu")
+    model = load_encoder(engine.manifest.encoder, pick_device(engine.settings.device))
+    model.float()  # trained in fp32 even on CUDA, where load_encoder halves it for serving
     serving_length, model.max_seq_length = model.max_seq_length, args.max_length
     loss_fn = MultipleNegativesRankingLoss(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
