@@ -30,6 +30,7 @@ from engine.evaluation import evaluate_run, paired_test, stage_runs
 from engine.models import load_encoder, pick_device
 from engine.pipeline import HybridEngine
 from index_build.builder import build_index
+from index_build.schedule import warmup_linear
 
 NEGATIVE_RANKS = slice(5, 60)
 
@@ -102,10 +103,7 @@ def _fine_tune(engine: HybridEngine, dataset, folder: Path, args) -> list[float]
     serving_length, model.max_seq_length = model.max_seq_length, args.max_length
     loss_fn = MultipleNegativesRankingLoss(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    warmup = max(1, args.steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (args.steps - s) / max(1, args.steps - warmup)))
-    )
+    schedule = warmup_linear(optimizer, args.steps)
     order: list[str] = []
     losses = []
     model.train()

@@ -33,6 +33,7 @@ from engine.models import pick_device, resolve_model
 from engine.pipeline import HybridEngine
 from engine.rerank import Reranker
 from index_build.negatives import mine_candidates
+from index_build.schedule import warmup_linear
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"
@@ -103,10 +104,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     eval_every = options.eval_every or max(1, steps // 4)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(_param_groups(model.transformers_model, options.lr), weight_decay=0.01)
-    warmup = max(1, steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
-    )
+    schedule = warmup_linear(optimizer, steps)
     use_amp = device == "cuda"
     work = Path(tempfile.mkdtemp(prefix="reranker-train-"))
     best = {"step": 0, "ndcg@10": -1.0, "metrics": {}}
