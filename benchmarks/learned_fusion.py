@@ -57,7 +57,9 @@ def main() -> None:
         if engine.reranker is not None:
             reranked = {}
             for q, ranking in ranked.items():
-                head = engine.rerank(dataset.queries[q], ranking, results[q].rerank_scores)
+                head = engine.rerank(
+                    dataset.queries[q], ranking, results[q].rerank_scores, vector=results[q].query_vector
+                )
                 reranked[q] = continue_with_fused([d for d, _ in head], runs[name][q])
             report[f"{name} + rerank"] = evaluate_run(dev, reranked)
 

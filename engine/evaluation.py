@@ -132,7 +132,11 @@ def stage_runs(
             if result.reranked is None or stage not in reranked:
                 continue
             served = stage == served_stage(engine)
-            head = result.reranked if served else engine.rerank(text, ranking, result.rerank_scores)
+            head = (
+                result.reranked
+                if served
+                else engine.rerank(text, ranking, result.rerank_scores, vector=result.query_vector)
+            )
             runs.setdefault(f"{stage}+rerank", {})[qid] = continue_with_fused([d for d, _ in head], ids, depth)
     return runs
 

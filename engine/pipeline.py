@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from engine.batching import RerankBatcher
 from engine.config import Settings
 from engine.dense import DenseRetriever
@@ -52,6 +54,7 @@ class StageResult:
     reranked: list[tuple[str, float]] | None
     seconds: dict[str, float] = field(default_factory=dict)
     rerank_scores: dict[str, float] = field(default_factory=dict)
+    query_vector: np.ndarray | None = None
 
     @property
     def retrieved(self) -> dict[str, list[tuple[str, float]]]:
@@ -114,6 +117,16 @@ class HybridEngine:
                 raise
             log.warning("%s; serving fused results", exc)
             return None
+        if reranker.memory_context and (self.memory is None or self.memory.texts is None):
+            message = f"{path} reads each document after the training queries that cited it, and " + (
+                "this engine has no judgment memory"
+                if self.memory is None
+                else "this index's memory keeps no query texts (rebuild it)"
+            )
+            if self.settings.reranker is not None:
+                raise RerankerError(message)
+            log.warning("%s; serving fused results", message)
+            return None
         if self.device == "cuda" and self.settings.rerank_batch_wait_ms > 0:
             return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000)
         return reranker
@@ -144,25 +157,51 @@ class HybridEngine:
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
         if self.reranker is not None:
-            reranked = self.rerank(query, fused, rerank_scores, top_k)
+            reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude)
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
-        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores)
+        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector)
 
     def rerank(
-        self, query: str, ranking: list[tuple[str, float]], scores: dict[str, float], top_k: int = 1
+        self,
+        query: str,
+        ranking: list[tuple[str, float]],
+        scores: dict[str, float],
+        top_k: int = 1,
+        vector: np.ndarray | None = None,
+        exclude: str | None = None,
     ) -> list[tuple[str, float]]:
         """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents with their first-stage scores)
         reordered by the reranker, blended with the first stage (``rerank_blend``). ``scores`` caches
         cross-encoder scores: documents already in it are not scored again and new ones are added, so
-        several rankings of one query share the work.
+        several rankings of one query share the work. ``vector`` (the query's embedding, encoded when
+        not given) and ``exclude`` pick a memory-aware reranker's context, as for the memory's votes.
         """
         s = self.settings
         head = ranking[: max(s.rerank_depth_for(self.device), top_k)]
         todo = [d for d, _ in head if d not in scores]
         if todo:
-            scores.update(zip(todo, self.reranker.score(query, [self.docs[d].contents for d in todo]), strict=True))
+            passages = self.rerank_passages(query, todo, self.reranker.memory_context, vector, exclude)
+            scores.update(zip(todo, self.reranker.score(query, passages), strict=True))
         return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
+
+    def rerank_passages(
+        self,
+        query: str,
+        doc_ids: list[str],
+        context: int,
+        vector: np.ndarray | None = None,
+        exclude: str | None = None,
+    ) -> list[str]:
+        """What a reranker reads for each document: its text, after the ``context`` training queries
+        nearest the query that cited it when the reranker was trained that way (``memory_context``
+        in its model card; training builds its pairs here too)."""
+        if not context:
+            return [self.docs[d].contents for d in doc_ids]
+        if vector is None:
+            vector = self.dense.encode_query(query)
+        cited = (self.memory.cited_for(vector, d, context, exclude) for d in doc_ids)
+        return [f"{c} {self.docs[d].contents}" for c, d in zip(cited, doc_ids, strict=True)]
 
     def describe(self) -> dict:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from engine.models import resolve_model
 from engine.onnx_runtime import OnnxCrossEncoder
 
 log = logging.getLogger(__name__)
+CARD_FILE = "model_card.json"  # written by `train-reranker`; a model from elsewhere may have none
 
 
 class RerankerError(RuntimeError):
@@ -56,6 +58,9 @@ class Reranker:
         self.name = name
         self.device = device
         self.batch_size = batch_size
+        card = Path(source) / CARD_FILE
+        # a memory-aware model reads each document after the training queries that cited it
+        self.memory_context: int = json.loads(card.read_text()).get("memory_context", 0) if card.is_file() else 0
 
     def score(self, query: str, passages: list[str]) -> list[float]:
         """One relevance score per passage, in the order given."""

@@ -105,8 +105,9 @@ def _build_memory(folder: Path, dataset: Dataset, settings: Settings, encoder) -
         return {}
     qrels = dataset.qrels(split)
     query_ids = sorted(q for q, docs in qrels.items() if any(g > 0 for g in docs.values()))
-    vectors = encode(encoder, [dataset.queries[q] for q in query_ids], settings.encode_batch_size)
-    write_memory(folder, vectors, qrels, query_ids)
+    texts = [dataset.queries[q] for q in query_ids]
+    vectors = encode(encoder, texts, settings.encode_batch_size)
+    write_memory(folder, vectors, qrels, query_ids, texts)
     return {"split": split, "queries": len(query_ids)}
 
 

@@ -31,12 +31,11 @@ from engine.evaluation import evaluate_run, served_stage, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
 from engine.pipeline import HybridEngine
-from engine.rerank import Reranker
+from engine.rerank import CARD_FILE, Reranker
 from index_build.negatives import mine_candidates
 from index_build.schedule import warmup_linear
 
 log = logging.getLogger(__name__)
-CARD_FILE = "model_card.json"
 TRAIN_MAX_LENGTH = 256
 HEAD_LR_FACTOR = 10
 LOSSES = {
@@ -62,6 +61,7 @@ class TrainOptions:
     freeze_layers: int = 0
     seed: int = 13
     loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
+    memory_context: int = 5
 
 
 def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = None, progress: bool = True) -> dict:
@@ -85,6 +85,11 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         eval_queries = dict(list(eval_queries.items())[: options.eval_queries])
 
     engine = HybridEngine(settings.model_copy(update={"rerank": False}))
+    if options.memory_context and (engine.memory is None or engine.memory.texts is None):
+        raise ValueError(
+            f"--memory-context {options.memory_context} needs the index's judgment memory with its query texts"
+            " (build the index with training judgments, or pass --memory-context 0)"
+        )
     mined = mine_candidates(engine, {q: dataset.queries[q] for q in train_ids}, qrels, options.mine_depth, progress)
     positives, negatives = mined.positives, mined.negatives
     train_ids = [q for q in train_ids if positives[q] and len(negatives[q]) >= options.group_size - 1]
@@ -119,7 +124,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
                 order = train_ids[:]
                 rng.shuffle(order)
             batch.append(order.pop())
-        loss = _group_loss(model, dataset, batch, positives, negatives, options, rng, use_amp)
+        loss = _group_loss(model, engine, dataset, batch, positives, negatives, options, rng, use_amp)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
@@ -128,7 +133,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{_mean(losses[-20:]):.3f}")
         if step % eval_every == 0 or step == steps:
-            metrics = _dev_metrics(model, work / "candidate", engine, settings, device, eval_qrels, eval_queries)
+            metrics = _dev_metrics(model, work / "candidate", engine, settings, options, eval_qrels, eval_queries)
             history.append({"step": step, "loss": _mean(losses[-eval_every:]), **metrics})
             log.info("step %d: dev nDCG@10 %.4f (fused %.4f)", step, metrics["nDCG@10"], baseline["nDCG@10"])
             if metrics["nDCG@10"] > best["ndcg@10"]:
@@ -144,6 +149,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         f" from the RRF top {options.mine_depth} (memory leave-one-out)",
         "options": asdict(options),
         "max_length": max_length,
+        "memory_context": options.memory_context,
         "steps": steps,
         "best_step": best["step"],
         "loss_first": _mean(losses[: max(1, len(losses) // 5)]),
@@ -194,10 +200,10 @@ def _param_groups(model, lr: float) -> list[dict]:
     return [{"params": body, "lr": lr}, {"params": head, "lr": lr * HEAD_LR_FACTOR}]
 
 
-def _group_loss(model, dataset, batch, positives, negatives, options: TrainOptions, rng, use_amp):
+def _group_loss(model, engine, dataset, batch, positives, negatives, options: TrainOptions, rng, use_amp):
     """The positive sits at index 0 of each query's group: softmax cross-entropy over the group
     (listwise), log(1 + e^(negative - positive)) per negative (pairwise) or binary cross-entropy per
-    pair (pointwise)."""
+    pair (pointwise). Documents read as serving will read them (memory context left one out)."""
     import torch
 
     group_size = options.group_size
@@ -206,7 +212,9 @@ def _group_loss(model, dataset, batch, positives, negatives, options: TrainOptio
         docs = positives[qid]
         pos = rng.choices(list(docs), weights=list(docs.values()))[0]
         group = [pos, *rng.sample(negatives[qid], group_size - 1)]
-        pairs += [(dataset.queries[qid], dataset.corpus[d].contents) for d in group]
+        query = dataset.queries[qid]
+        passages = engine.rerank_passages(query, group, options.memory_context, exclude=qid)
+        pairs += [(query, p) for p in passages]
     features = model.tokenizer(
         [q for q, _ in pairs],
         [d for _, d in pairs],
@@ -226,12 +234,13 @@ def _group_loss(model, dataset, batch, positives, negatives, options: TrainOptio
     return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=logits.device))
 
 
-def _dev_metrics(model, folder: Path, engine, settings, device, qrels, queries) -> dict[str, float]:
+def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, qrels, queries) -> dict[str, float]:
     """Save the model, load it the way serving does, and score the real pipeline on dev."""
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder))
+    (folder / CARD_FILE).write_text(json.dumps({"memory_context": options.memory_context}))  # the full card comes last
     engine.reranker = Reranker(
-        str(folder), device, settings.max_length, settings.rerank_batch_size, settings.rerank_runtime
+        str(folder), engine.device, settings.max_length, settings.rerank_batch_size, settings.rerank_runtime
     )
     try:
         stage = served_stage(engine)

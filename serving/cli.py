@@ -166,6 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-length", type=int, help="tokens per pair (default 256; CPU runs: 128), saved with the model for serving"
     )
+    p.add_argument(
+        "--memory-context",
+        type=int,
+        default=5,
+        metavar="N",
+        help="prefix each document with the N training queries nearest the query that cited it (the judgment"
+        " memory's, the query itself left out), so the model learns which of them ask the same thing;"
+        " serving does the same (default 5: on dev far better than plain documents; 0: plain documents)",
+    )
     _device(p)
 
     p = sub.add_parser(

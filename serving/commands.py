@@ -136,6 +136,7 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         freeze_layers=args.freeze_layers,
         seed=args.seed,
         loss=args.loss,
+        memory_context=args.memory_context,
     )
     card = train(settings, options)
     console.print_json(json.dumps(card))

@@ -161,3 +161,46 @@ def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
     (odd / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(IndexDirError, match="manifest says 31"):
         HybridEngine(Settings(index_dir=odd, device="cpu"))
+
+
+def test_memory_names_the_training_queries_that_cited_a_document_nearest_first(tmp_path):
+    import numpy as np
+
+    from engine.memory import JudgmentMemory, write_memory
+
+    vectors = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    qrels = {"A": {"D1": 2, "D2": 0}, "B": {"D1": 1}, "C": {"D1": 1, "D3": 1}}
+    write_memory(tmp_path, vectors, qrels, ["A", "B", "C"], ["soy milk", "tofu", "tempeh"])
+    memory = JudgmentMemory(tmp_path)
+    near_c = np.array([0.1, 0.99])
+    assert memory.cited_for(near_c, "D1", 5) == "cited for: tempeh; tofu; soy milk."
+    assert memory.cited_for(near_c, "D1", 2) == "cited for: tempeh; tofu."
+    assert memory.cited_for(near_c, "D1", 5, exclude="C") == "cited for: tofu; soy milk."
+    assert memory.cited_for(near_c, "D3", 5, exclude="C") == "cited for: none."  # only C cited it
+    assert memory.cited_for(near_c, "D2", 5) == "cited for: none."  # judged, but not relevant
+
+
+def test_memory_aware_reranker_reads_the_memory_context(index_dir, reranker_dir, tmp_path):
+    import json
+    import shutil
+
+    from engine.rerank import CARD_FILE
+
+    shutil.copytree(reranker_dir, tmp_path / "aware")
+    (tmp_path / "aware" / CARD_FILE).write_text(json.dumps({"memory_context": 3}))
+    settings = Settings(index_dir=index_dir, device="cpu", reranker=str(tmp_path / "aware"), rerank_depth=4)
+    engine = HybridEngine(settings)
+    assert engine.reranker.memory_context == 3
+    query = "soy isoflavones and prostate"
+    passages = engine.rerank_passages(query, ["D-soy-0", "D-coffee-3"], 3)
+    # the tiny dataset's training query "prostate and cancer effects" judged D-soy-0; nothing judged D-coffee-3
+    assert passages == [
+        f"cited for: prostate and cancer effects. {engine.docs['D-soy-0'].contents}",
+        f"cited for: none. {engine.docs['D-coffee-3'].contents}",
+    ]
+    result = engine.stages(query, top_k=4)
+    head = [d for d, _ in result.fused[:4]]
+    direct = engine.reranker.score(query, engine.rerank_passages(query, head, 3))
+    assert [result.rerank_scores[d] for d in head] == pytest.approx(direct)
+    with pytest.raises(RerankerError, match="no judgment memory"):
+        HybridEngine(settings.model_copy(update={"memory": False}))

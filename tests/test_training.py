@@ -21,15 +21,23 @@ def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_
         assert len(negatives) + len(mined.positives[qid]) <= 10 and len(negatives) == len(set(negatives))
 
 
-@pytest.mark.parametrize("loss", ["listwise", "pairwise", "pointwise"])
-def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path, loss):
+@pytest.mark.parametrize(("loss", "memory_context"), [("listwise", 5), ("pairwise", 0), ("pointwise", 5)])
+def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path, loss, memory_context):
     import shutil
 
     work_index = tmp_path / "idx"
     shutil.copytree(index_dir, work_index)
     settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
     options = TrainOptions(
-        base=minilm_path, max_steps=10, batch_queries=4, group_size=4, lr=1e-4, eval_every=5, mine_depth=12, loss=loss
+        base=minilm_path,
+        max_steps=10,
+        batch_queries=4,
+        group_size=4,
+        lr=1e-4,
+        eval_every=5,
+        mine_depth=12,
+        loss=loss,
+        memory_context=memory_context,
     )
     card = train(settings, options, progress=False)
     assert card["train_split"] == "train" and card["steps"] == 10 and card["loss"].startswith(loss)
@@ -40,6 +48,7 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
     engine = HybridEngine(settings.model_copy(update={"max_length": None}))  # picks the trained model up by itself
     assert engine.reranker is not None and engine.reranker.name.endswith("reranker")
     assert engine.reranker.max_length == card["max_length"] == 64  # the length it was trained with
+    assert engine.reranker.memory_context == card["memory_context"] == memory_context  # and the input it read
     hits = engine.search("caffeine liver", 3)
     assert len(hits) == 3 and all(h.rerank_score is not None for h in hits)
 
