@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 CUDA_RERANK_DEPTH = 100
-CPU_RERANK_DEPTH = 10
+CPU_RERANK_DEPTH = 20
 
 
 class Settings(BaseSettings):
@@ -61,14 +61,14 @@ class Settings(BaseSettings):
     rerank: bool = Field(True, description="rerank fused candidates with the cross-encoder")
     reranker: str | None = Field(None, description="CrossEncoder id or folder; default <index_dir>/reranker")
     rerank_depth: int | None = Field(
-        None, ge=1, description="fused candidates the cross-encoder rescores (default: 100 on CUDA, 10 on CPU)"
+        None, ge=1, description="fused candidates the cross-encoder rescores (default: 100 on CUDA, 20 on CPU)"
     )
     rerank_blend: float = Field(
-        0.35,
+        0.5,
         ge=0,
         le=1,
         description="reranker's share of the head's order: 1 = the reranker alone, 0 = fusion alone; between, a"
-        " weighted sum of the two z-scored scores (0.35 tuned on dev)",
+        " weighted sum of the two z-scored scores (0.5 tuned on dev)",
     )
     rerank_batch_size: int = Field(32, ge=1)
     rerank_runtime: Literal["auto", "torch", "onnx"] = Field(

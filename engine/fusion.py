@@ -37,6 +37,8 @@ def blend_reranking(
     of z-scores), which keeps what the first stage knows that a small reranker does not (on
     NFCorpus: the train-judgment memory) and lets each side's confidence count, not just its order.
     """
+    if not head:  # a retriever that found nothing (BM25 on a query of stop words)
+        return []
     if blend >= 1.0:
         ranked = sorted(range(len(head)), key=lambda i: (-scores[i], i))
         return [(head[i][0], float(scores[i])) for i in ranked]

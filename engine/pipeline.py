@@ -214,6 +214,7 @@ class HybridEngine:
             "rerank_depth": s.rerank_depth_for(self.device) if r else 0,
             "rerank_blend": s.rerank_blend if r else None,
             "rerank_max_length": r.max_length if r else None,
+            "rerank_memory_context": r.memory_context if r else None,
         }
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:

@@ -32,7 +32,7 @@ file named by --config or HYBRID_SEARCH_CONFIG; flags win over both."""
 TRAIN_EPILOG = """examples:
   hybrid-search train-reranker                     # GPU: one pass over every training query
   hybrid-search train-reranker --max-steps 420 --lr 2e-4 --freeze-layers 2 --max-length 128 \\
-      --eval-every 140                            # bounded CPU run: ~34 minutes on 2 cores"""
+      --eval-every 140                            # bounded CPU run: ~36 minutes on 2 cores"""
 
 
 def _paths(p: argparse.ArgumentParser, data: bool = False) -> None:
@@ -64,11 +64,11 @@ def _search_options(p: argparse.ArgumentParser) -> None:
         help="auto = the index's learned fusion when it has one, else RRF (default); rrf = RRF only",
     )
     g.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker when present)")
-    g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 100 on CUDA, 10 on CPU)")
+    g.add_argument("--rerank-depth", type=int, help="fused candidates to rerank (default 100 on CUDA, 20 on CPU)")
     g.add_argument(
         "--rerank-blend",
         type=float,
-        help="reranker's share against the fused scores, 0-1 (default 0.35; 1 = reranker alone)",
+        help="reranker's share against the fused scores, 0-1 (default 0.5; 1 = reranker alone)",
     )
     g.add_argument(
         "--max-length", type=int, help="cross-encoder tokens per pair (default: what the reranker was trained with)"

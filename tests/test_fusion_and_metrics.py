@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 
 from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
@@ -29,6 +31,9 @@ def test_blend_reranking_between_the_two_orders():
     assert [d for d, _ in blend_reranking(head, scores, 0.6)] == ["b", "a", "c"]
     assert [d for d, _ in blend_reranking(head, scores, 0.9)] == ["b", "c", "a"]
     assert blend_reranking([("a", 1.0)], [0.2], 0.5) == [("a", 0.0)]  # one document: nothing to standardise
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns on the mean of nothing
+        assert blend_reranking([], [], 0.5) == []  # a retriever that found nothing
 
 
 def test_in_list_ndcg_hand_computed():
