@@ -58,9 +58,7 @@ class Reranker:
         self.name = name
         self.device = device
         self.batch_size = batch_size
-        card = Path(source) / CARD_FILE
-        # a memory-aware model reads each document after the training queries that cited it
-        self.memory_context: int = json.loads(card.read_text()).get("memory_context", 0) if card.is_file() else 0
+        self.memory_context: int = _memory_context(Path(source) / CARD_FILE)
 
     def score(self, query: str, passages: list[str]) -> list[float]:
         """One relevance score per passage, in the order given."""
@@ -91,3 +89,16 @@ class Reranker:
                 log.warning("GPU out of memory at batch size 1: reranking on the CPU from now on")
                 self.model.to("cpu").float()
                 self.device = "cpu"
+
+
+def _memory_context(card: Path) -> int:
+    """How many citing training queries the model reads before each document (0: plain documents)."""
+    if not card.is_file():
+        return 0
+    try:
+        context = json.loads(card.read_text()).get("memory_context", 0)
+    except (ValueError, AttributeError) as exc:
+        raise RerankerError(f"{card}: not a model card ({exc})") from exc
+    if not isinstance(context, int) or context < 0:
+        raise RerankerError(f"{card}: memory_context must be a whole number >= 0, not {context!r}")
+    return context

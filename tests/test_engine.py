@@ -204,3 +204,6 @@ def test_memory_aware_reranker_reads_the_memory_context(index_dir, reranker_dir,
     assert [result.rerank_scores[d] for d in head] == pytest.approx(direct)
     with pytest.raises(RerankerError, match="no judgment memory"):
         HybridEngine(settings.model_copy(update={"memory": False}))
+    (tmp_path / "aware" / CARD_FILE).write_text("{not json")
+    with pytest.raises(RerankerError, match="not a model card"):
+        Reranker(str(tmp_path / "aware"), "cpu")
