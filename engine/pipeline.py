@@ -117,12 +117,9 @@ class HybridEngine:
                 raise
             log.warning("%s; serving fused results", exc)
             return None
-        if reranker.memory_context and (self.memory is None or self.memory.texts is None):
-            message = f"{path} reads each document after the training queries that cited it, and " + (
-                "this engine has no judgment memory"
-                if self.memory is None
-                else "this index's memory keeps no query texts (rebuild it)"
-            )
+        missing = self.missing_memory_context() if reranker.memory_context else None
+        if missing:
+            message = f"{path} reads each document after the training queries that cited it, and {missing}"
             if self.settings.reranker is not None:
                 raise RerankerError(message)
             log.warning("%s; serving fused results", message)
@@ -130,6 +127,14 @@ class HybridEngine:
         if self.device == "cuda" and self.settings.rerank_batch_wait_ms > 0:
             return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000)
         return reranker
+
+    def missing_memory_context(self) -> str | None:
+        """Why this engine cannot give a memory-aware reranker its context, or None when it can."""
+        if self.memory is None:
+            return "this engine has no judgment memory"
+        if self.memory.texts is None:
+            return "this index's memory keeps no query texts (rebuild it with `hybrid-search build`)"
+        return None
 
     def stages(self, query: str, top_k: int = 10, exclude: str | None = None) -> StageResult:
         """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``.

@@ -87,11 +87,9 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         eval_queries = dict(list(eval_queries.items())[: options.eval_queries])
 
     engine = HybridEngine(settings.model_copy(update={"rerank": False}))
-    if options.memory_context and (engine.memory is None or engine.memory.texts is None):
-        raise ValueError(
-            f"--memory-context {options.memory_context} needs the index's judgment memory with its query texts"
-            " (build the index with training judgments, or pass --memory-context 0)"
-        )
+    missing = engine.missing_memory_context() if options.memory_context else None
+    if missing:
+        raise ValueError(f"--memory-context {options.memory_context}: {missing} (or pass --memory-context 0)")
     mined = mine_candidates(engine, {q: dataset.queries[q] for q in train_ids}, qrels, options.mine_depth, progress)
     positives, negatives = mined.positives, mined.negatives
     train_ids = [q for q in train_ids if positives[q] and len(negatives[q]) >= options.group_size - 1]
