@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.progress import track
+
 
 def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32):
     """An index over ``embeddings`` (rows = documents in document-store order)."""
@@ -29,11 +31,20 @@ def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32):
 
 
 def encode(model, texts: list[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """Normalised float32 embeddings."""
-    vectors = model.encode(
-        texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=progress
-    )
-    return np.asarray(vectors, dtype=np.float32)
+    """Normalised float32 embeddings, encoded ``batch_size`` at a time (progress per batch)."""
+    starts = range(0, len(texts), batch_size)
+    parts = [
+        model.encode(
+            texts[i : i + batch_size],
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        for i in track(starts, f"encoding {len(texts):,} texts", "batch", enabled=progress)
+    ]
+    dimension = model.get_embedding_dimension()
+    return np.asarray(np.concatenate(parts) if parts else np.zeros((0, dimension)), dtype=np.float32)
 
 
 class TorchFlatIndex:

@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from engine.progress import track
+
 Run = dict[str, list[str]]
 Qrels = Mapping[str, Mapping[str, int]]
 
@@ -116,10 +118,9 @@ def stage_runs(
     A reranked run continues past its head with the stage's own order, so Recall@100 compares like
     with like. The cross-encoder scores each (query, document) pair once across the heads.
     """
-    from tqdm import tqdm
 
     runs: dict[str, Run] = {}
-    for qid, text in tqdm(queries.items(), desc="evaluating", unit="query", disable=not progress):
+    for qid, text in track(queries.items(), "evaluating", "query", enabled=progress):
         result = engine.stages(text, top_k=1)
         rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.rrf}
         if engine.fusion is not None:

@@ -11,8 +11,6 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from tqdm import tqdm
-
 from engine.config import Settings
 from engine.dataset import Dataset, fingerprint, load_dataset
 from engine.dense import build_faiss, encode
@@ -30,6 +28,7 @@ from engine.index_dir import (
 from engine.java import start_jvm
 from engine.memory import write_memory
 from engine.models import load_encoder, pick_device
+from engine.progress import track
 from index_build.train_fusion import train_fusion, training_split
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ def _build_bm25(path: Path, docs, progress: bool) -> None:
     from pyserini.index.lucene import LuceneIndexer
 
     indexer = LuceneIndexer(str(path), threads=max(1, min(4, os.cpu_count() or 1)))
-    for doc in tqdm(docs, desc="BM25 index", unit="doc", disable=not progress):
+    for doc in track(docs, "BM25 index", "doc", enabled=progress):
         indexer.add_doc_dict({"id": doc.doc_id, "contents": doc.contents})
     indexer.close()
 

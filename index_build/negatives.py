@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tqdm import tqdm
+from engine.progress import track
 
 
 @dataclass
@@ -29,7 +29,7 @@ def mine_candidates(
     generously, so a judged 0 is rarer than an unjudged relevant one.
     """
     mined = Mined({}, {})
-    for qid, text in tqdm(queries.items(), desc="mining candidates", unit="query", disable=not progress):
+    for qid, text in track(queries.items(), "mining candidates", "query", enabled=progress):
         judged = qrels.get(qid, {})
         fused = [doc_id for doc_id, _ in engine.stages(text, top_k=depth, exclude=qid).rrf[:depth]]
         mined.positives[qid] = {d: judged[d] for d in fused if judged.get(d, 0) > 0}

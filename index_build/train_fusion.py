@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from engine.config import Settings
 from engine.dataset import Dataset, load_dataset
@@ -28,6 +27,7 @@ from engine.evaluation import evaluate_run, stage_runs
 from engine.index_dir import FUSION_DIR, Manifest
 from engine.learned_fusion import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
 from engine.pipeline import HybridEngine
+from engine.progress import track
 
 log = logging.getLogger(__name__)
 LEAVES, TREES, LEARNING_RATE = 15, 200, 0.05
@@ -49,7 +49,7 @@ def collect(
 ) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Feature rows, grades and per-query group sizes for ``query_ids``, each left out of the memory."""
     rows, grades, groups = [], [], []
-    for qid in tqdm(query_ids, desc="fusion features", unit="query", disable=not progress):
+    for qid in track(query_ids, "fusion features", "query", enabled=progress):
         text = dataset.queries[qid]
         result = engine.stages(text, top_k=1, exclude=qid)
         rows.append(fusion_features(text, result.retrieved, result.rrf))

@@ -25,14 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from tqdm import tqdm
-
 from engine.config import Settings
 from engine.dataset import Dataset, load_dataset
 from engine.evaluation import evaluate_run, served_stage, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
 from engine.pipeline import HybridEngine
+from engine.progress import track
 from engine.rerank import CARD_FILE, Reranker
 from index_build.negatives import mine_candidates
 from index_build.schedule import warmup_linear
@@ -115,7 +114,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     best = {"step": 0, "ndcg@10": -1.0, "metrics": {}}
     baseline = evaluate_run(eval_qrels, stage_runs(engine, eval_queries, progress=False)[served_stage(engine)])
     history, losses, order = [], [], []
-    bar = tqdm(range(1, steps + 1), desc="training reranker", unit="step", disable=not progress)
+    bar = track(range(1, steps + 1), "training reranker", "step", enabled=progress)
     for step in bar:
         model.train()
         batch = []
@@ -131,7 +130,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{_mean(losses[-20:]):.3f}")
+        bar.note(loss=f"{_mean(losses[-20:]):.3f}")
         if step % eval_every == 0 or step == steps:
             metrics = _dev_metrics(model, work / "candidate", engine, settings, options, eval_qrels, eval_queries)
             history.append({"step": step, "loss": _mean(losses[-eval_every:]), **metrics})

@@ -1,0 +1,72 @@
+"""Progress of long work, shaped for where it goes.
+
+On a terminal: a tqdm bar. Anywhere else (a log file, CI, a service's journal): a few log lines
+(start, every quarter, end with the rate) instead of one line per tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("hybrid_search.progress")
+_QUARTERS = (0.25, 0.5, 0.75)
+
+
+class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
+    """Iterate ``items`` with progress; ``note(loss=...)`` adds figures to what is shown next.
+    Silent when not ``enabled``."""
+
+    def __init__(
+        self, items: Iterable[T], desc: str, unit: str = "item", total: int | None = None, enabled: bool = True
+    ) -> None:
+        self.items, self.desc, self.unit, self.enabled = items, desc, unit, enabled
+        self.total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
+        self._bar = None
+        self._notes: dict[str, str] = {}
+
+    def note(self, **values: object) -> None:
+        self._notes.update({k: str(v) for k, v in values.items()})
+        if self._bar is not None:
+            self._bar.set_postfix(self._notes)
+
+    def __iter__(self) -> Iterator[T]:
+        if not self.enabled:
+            yield from self.items
+        elif sys.stderr.isatty():
+            from tqdm import tqdm
+
+            with tqdm(self.items, desc=self.desc, unit=self.unit, total=self.total) as self._bar:
+                yield from self._bar
+        else:
+            yield from self._logged()
+
+    def _logged(self) -> Iterator[T]:
+        started, total, unit = time.perf_counter(), self.total, self.unit
+        marks = sorted({int(q * total) for q in _QUARTERS} - {0}) if total else []
+        log.info("%s: started%s", self.desc, f" ({total:,} {unit}s)" if total else "")
+        done = 0
+        for item in self.items:
+            yield item
+            done += 1
+            if marks and done == marks[0]:
+                marks.pop(0)
+                log.info(
+                    "%s: %d%% (%s/%s %ss)%s",
+                    self.desc,
+                    round(100 * done / total),
+                    f"{done:,}",
+                    f"{total:,}",
+                    unit,
+                    self._suffix(),
+                )
+        seconds = time.perf_counter() - started
+        rate = f", {done / seconds:,.1f} {unit}s/s" if seconds > 0 else ""
+        log.info("%s: done, %s %ss in %.1f s%s%s", self.desc, f"{done:,}", unit, seconds, rate, self._suffix())
+
+    def _suffix(self) -> str:
+        return "".join(f", {k} {v}" for k, v in self._notes.items())
