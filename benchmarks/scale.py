@@ -47,7 +47,7 @@ def build(kind: str, vectors: np.ndarray):
         return index
     index = build_faiss(vectors, kind)
     if kind == "hnsw":
-        index.hnsw.efSearch = Settings().hnsw_ef_search  # as the engine searches
+        faiss.downcast_index(index.index).hnsw.efSearch = Settings().hnsw_ef_search  # as the engine searches
     return index
 
 

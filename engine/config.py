@@ -86,6 +86,15 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
 
+    # live documents
+    refresh_interval_s: float = Field(
+        1.0, gt=0, le=3600, description="longest an acknowledged write waits before searches see it"
+    )
+    chunk_words: int = Field(200, ge=16, le=4000, description="words a chunk holds when `ingest` splits a file")
+    chunk_overlap_words: int = Field(40, ge=0, description="words two neighbouring chunks share (whole sentences)")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body the HTTP doors accept")
+    mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
+
     # serving
     host: str = "127.0.0.1"
     mcp_port: int = Field(8000, ge=0, le=65535, description="MCP + REST port")

@@ -30,6 +30,12 @@ class Document:
         return f"{self.title} {self.text}".strip()
 
 
+def beir_document(doc: Document) -> dict:
+    """A BEIR record as the document store holds documents: one chunk, whose id is the record's."""
+    chunk = {"chunk_id": doc.doc_id, "title": doc.title, "content": doc.text, "metadata": {}}
+    return {"document_id": doc.doc_id, "document_name": doc.title, "metadata": {}, "chunks": [chunk]}
+
+
 Qrels = dict[str, dict[str, int]]
 
 

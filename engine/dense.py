@@ -14,19 +14,22 @@ import numpy as np
 from engine.progress import track
 
 
-def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32):
-    """An index over ``embeddings`` (rows = documents in document-store order)."""
+def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32, rows: np.ndarray | None = None):
+    """An index over ``embeddings`` whose ids are ``rows`` (default 0..n-1, the document store's
+    rows), so that single rows can later be removed or replaced."""
     import faiss
 
     dim = embeddings.shape[1]
     if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
+        base = faiss.IndexFlatIP(dim)
     elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = 200
+        base = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        base.hnsw.efConstruction = 200
     else:
         raise ValueError(f"unknown dense index kind {kind!r} (flat or hnsw)")
-    index.add(np.ascontiguousarray(embeddings, dtype=np.float32))
+    index = faiss.IndexIDMap2(base)
+    ids = np.arange(len(embeddings), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    index.add_with_ids(np.ascontiguousarray(embeddings, dtype=np.float32), ids)
     return index
 
 
@@ -52,14 +55,15 @@ class TorchFlatIndex:
 
     The GPU path when faiss-gpu is not installed: for corpora that fit in GPU memory (a million
     384-d vectors are 0.8 GB in fp16) a matmul + top-k is as exact as ``IndexFlatIP`` and takes
-    well under a millisecond. Same ``search`` contract as a FAISS index.
+    well under a millisecond. Same ``search`` contract as a FAISS index (ids are the rows given).
     """
 
-    def __init__(self, vectors: np.ndarray, device: str) -> None:
+    def __init__(self, vectors: np.ndarray, ids: np.ndarray, device: str) -> None:
         import torch
 
         dtype = torch.float16 if device == "cuda" else torch.float32
         self._vectors = torch.as_tensor(vectors, device=device, dtype=dtype)
+        self._ids = np.asarray(ids, dtype=np.int64)
         self.ntotal = len(vectors)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,48 +71,103 @@ class TorchFlatIndex:
 
         with torch.inference_mode():
             q = torch.as_tensor(queries, device=self._vectors.device, dtype=self._vectors.dtype)
-            scores, rows = torch.topk(q @ self._vectors.T, k, dim=1)
-        return scores.float().cpu().numpy(), rows.cpu().numpy()
+            scores, positions = torch.topk(q @ self._vectors.T, k, dim=1)
+        return scores.float().cpu().numpy(), self._ids[positions.cpu().numpy()]
 
 
 def place_index(index, device: str) -> tuple[object, str]:
-    """Move a FAISS index to where the engine runs; returns the index and what searches it.
+    """Where searches without a filter run; returns the index and what searches it.
 
     On CUDA: faiss-gpu when installed, else an exact flat index becomes a ``TorchFlatIndex``;
     HNSW (which FAISS cannot run on a GPU) stays on CPU threads.
     """
     import faiss
 
+    base = faiss.downcast_index(index.index)
     if device != "cuda":
         return index, "faiss-cpu"
-    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and not hasattr(index, "hnsw"):
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and not hasattr(base, "hnsw"):
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index), "faiss-gpu"
-    if isinstance(index, faiss.IndexFlat):
-        return TorchFlatIndex(index.reconstruct_n(0, index.ntotal), device), "torch-cuda"
+    if isinstance(base, faiss.IndexFlat):
+        ids = faiss.vector_to_array(index.id_map)
+        return TorchFlatIndex(base.reconstruct_n(0, base.ntotal), ids, device), "torch-cuda"
     return index, "faiss-cpu"
 
 
 class DenseRetriever:
-    """Encodes a query and searches the dense index; searches are thread-safe reads."""
+    """Encodes queries and searches the dense index by store row.
+
+    Searches are thread-safe reads; ``add`` and ``remove`` must not run beside them (the live
+    index applies writes under its refresh lock). A writable retriever searches the CPU index,
+    which writes change in place; a read-only one may move to the GPU.
+    """
 
     def __init__(
-        self, faiss_path: str | Path, doc_ids: list[str], encoder, ef_search: int = 128, device: str = "cpu"
+        self, faiss_path: str | Path, encoder, ef_search: int = 128, device: str = "cpu", writable: bool = False
     ) -> None:
         import faiss
 
         index = faiss.read_index(str(faiss_path))
-        if index.ntotal != len(doc_ids):
-            raise ValueError(f"{faiss_path}: {index.ntotal} vectors for {len(doc_ids)} documents")
-        if hasattr(index, "hnsw"):
-            index.hnsw.efSearch = ef_search
-        self._index, self.backend = place_index(index, device)
-        self._doc_ids = doc_ids
+        if not isinstance(index, faiss.IndexIDMap2):
+            raise ValueError(f"{faiss_path}: not an id-mapped index (built before format 2); rebuild the index")
+        base = faiss.downcast_index(index.index)
+        if hasattr(base, "hnsw"):
+            base.hnsw.efSearch = ef_search
+        self.path = Path(faiss_path)
+        self._index = index
+        self._fast, self.backend = (index, "faiss-cpu") if writable else place_index(index, device)
+        self.units: dict[int, str] = {}  # row -> unit id
+        self.rows: dict[str, int] = {}  # unit id -> row: the live set
         self.encoder = encoder
+
+    def bind(self, units: dict[int, str]) -> None:
+        """Name the rows (the document store's map); refuses an index that disagrees with it."""
+        if self._index.ntotal != len(units):
+            raise ValueError(
+                f"{self.path}: {self._index.ntotal} vectors for {len(units)} documents in the store; rebuild the index"
+            )
+        self.units = dict(units)
+        self.rows = {u: r for r, u in self.units.items()}
+
+    @property
+    def accepts_deletes(self) -> bool:
+        """Only exact (flat) indexes can drop single vectors; HNSW graphs cannot."""
+        import faiss
+
+        return isinstance(faiss.downcast_index(self._index.index), faiss.IndexFlat)
 
     def encode_query(self, query: str) -> np.ndarray:
         return encode(self.encoder, [query])
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Top ``k`` (doc id, cosine similarity) for an encoded query, best first."""
-        scores, rows = self._index.search(vector, min(k, len(self._doc_ids)))
-        return [(self._doc_ids[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+    def search(self, vector: np.ndarray, k: int, allowed_rows: list[int] | None = None) -> list[tuple[str, float]]:
+        """Top ``k`` (unit id, cosine similarity) for an encoded query, best first; ``allowed_rows``
+        restricts the search itself (a FAISS id selector), so a narrow filter still fills ``k``."""
+        import faiss
+
+        if allowed_rows is None:
+            scores, rows = self._fast.search(vector, min(k, len(self.units)))
+        elif not allowed_rows:
+            return []
+        else:
+            selector = faiss.IDSelectorBatch(np.asarray(allowed_rows, dtype=np.int64))
+            params = faiss.SearchParameters(sel=selector)
+            scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
+        return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+
+    def add(self, rows: list[int], vectors: np.ndarray, unit_ids: list[str]) -> None:
+        self._index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(rows, dtype=np.int64))
+        self.units.update(zip(rows, unit_ids, strict=True))
+        self.rows.update(zip(unit_ids, rows, strict=True))
+
+    def remove(self, rows: list[int]) -> None:
+        import faiss
+
+        if rows:
+            self._index.remove_ids(faiss.IDSelectorBatch(np.asarray(rows, dtype=np.int64)))
+            for row in rows:
+                self.rows.pop(self.units.pop(row, None), None)
+
+    def save(self, path: Path) -> None:
+        import faiss
+
+        faiss.write_index(self._index, str(path))

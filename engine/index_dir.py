@@ -1,9 +1,11 @@
 """The on-disk contract between the builder and the engine.
 
-An index directory holds ``bm25/`` (Lucene), ``dense.faiss``, ``docs.jsonl`` (the document store,
-in FAISS row order), ``manifest.json`` and optionally ``memory/`` (the judgment memory), ``fusion/``
-(the learned fusion) and ``reranker/``. The manifest is written last,
-inside a temporary folder that is renamed into place, so a directory with a manifest is complete.
+An index directory holds ``bm25/`` (Lucene), ``dense.faiss`` (ids are document-store rows),
+``docs.sqlite`` (the document store), ``manifest.json`` and optionally ``memory/`` (the judgment
+memory), ``fusion/`` (the learned fusion), ``reranker/`` and, once documents were written to it
+live, ``wal.log`` (the write-ahead log) with ``dense-<seq>.faiss`` checkpoints. The manifest is
+written last, inside a temporary folder that is renamed into place, so a directory with a manifest
+is complete.
 """
 
 from __future__ import annotations
@@ -12,16 +14,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.dataset import Document
-
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 BM25_DIR = "bm25"
 DENSE_FILE = "dense.faiss"
-DOCS_FILE = "docs.jsonl"
+DOCS_FILE = "docs.sqlite"
 MANIFEST_FILE = "manifest.json"
 RERANKER_DIR = "reranker"
 MEMORY_DIR = "memory"
 FUSION_DIR = "fusion"
+WAL_FILE = "wal.log"
 
 
 class IndexDirError(RuntimeError):
@@ -60,22 +61,27 @@ def read_manifest(index_dir: Path) -> Manifest:
     except (json.JSONDecodeError, TypeError) as exc:
         raise IndexDirError(f"{path}: unreadable manifest ({exc}); rebuild the index") from None
     if manifest.format_version != FORMAT_VERSION:
-        raise IndexDirError(f"{path}: format {manifest.format_version}, this version reads {FORMAT_VERSION}; rebuild")
-    for part in (BM25_DIR, DENSE_FILE, DOCS_FILE):
+        raise IndexDirError(
+            f"{path}: format {manifest.format_version}, this version reads {FORMAT_VERSION}; rebuild it with"
+            " `hybrid-search build` (format 2 keeps documents in SQLite and dense ids by row)"
+        )
+    for part in (BM25_DIR, DOCS_FILE):
         if not (Path(index_dir) / part).exists():
             raise IndexDirError(f"{index_dir}: {part} is missing; rebuild the index")
+    if not latest_dense(index_dir)[0].exists():
+        raise IndexDirError(f"{index_dir}: {DENSE_FILE} is missing; rebuild the index")
     return manifest
 
 
-def write_docs(path: Path, docs: list[Document]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for doc in docs:
-            fh.write(json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text}) + "\n")
+def dense_checkpoint_path(index_dir: Path, seq: int) -> Path:
+    """The dense index holding every logged write up to ``seq`` (0: as built)."""
+    return Path(index_dir) / (DENSE_FILE if seq == 0 else f"dense-{seq:012d}.faiss")
 
 
-def read_docs(index_dir: Path, expected: int) -> list[Document]:
-    with open(Path(index_dir) / DOCS_FILE, encoding="utf-8") as fh:
-        docs = [Document(o["_id"], o["title"], o["text"]) for o in map(json.loads, fh)]
-    if len(docs) != expected:
-        raise IndexDirError(f"{index_dir}: {DOCS_FILE} has {len(docs)} documents, manifest says {expected}")
-    return docs
+def latest_dense(index_dir: Path) -> tuple[Path, int]:
+    """The newest dense checkpoint and the log position it holds."""
+    found = [(int(p.stem.split("-")[1]), p) for p in Path(index_dir).glob("dense-*.faiss")]
+    if found:
+        seq, path = max(found)
+        return path, seq
+    return Path(index_dir) / DENSE_FILE, 0

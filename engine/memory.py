@@ -10,7 +10,7 @@ train judgments only, so dev and test queries never see their own labels.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +54,11 @@ class JudgmentMemory:
                 judged_by.setdefault(doc_id, []).append(row)
         self._judged_by = {doc_id: np.array(rows) for doc_id, rows in judged_by.items()}
 
-    def search(self, vector: np.ndarray, k: int, exclude: str | None = None) -> list[tuple[str, float]]:
-        """Top ``k`` (doc id, vote), best first; ties by doc id.
+    def search(
+        self, vector: np.ndarray, k: int, exclude: str | None = None, allowed: Container[str] | None = None
+    ) -> list[tuple[str, float]]:
+        """Top ``k`` (doc id, vote), best first; ties by doc id. Only documents in ``allowed`` (the
+        index's live documents, or a filter's) get votes, so a deleted document never returns here.
 
         ``exclude`` leaves one training query out, so features computed for a training query do
         not see its own judgments (used when learning on the training split).
@@ -69,6 +72,8 @@ class JudgmentMemory:
         for row in nearest:
             weight = float(max(sims[row], 0.0)) ** 2
             for doc_id, grade in self.judgments[row].items():
+                if allowed is not None and doc_id not in allowed:
+                    continue
                 votes[doc_id] = votes.get(doc_id, 0.0) + weight * grade
         ranked = sorted(votes.items(), key=lambda item: (-item[1], item[0]))
         return [(d, s) for d, s in ranked[:k] if s > 0]

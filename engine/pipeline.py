@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,11 +13,23 @@ import numpy as np
 
 from engine.batching import RerankBatcher
 from engine.config import Settings
-from engine.dense import DenseRetriever
+from engine.dense import DenseRetriever, encode
+from engine.docstore import Chunk, DocStore
+from engine.documents import Filters
 from engine.fusion import blend_reranking, reciprocal_rank_fusion
-from engine.index_dir import BM25_DIR, DENSE_FILE, FUSION_DIR, MEMORY_DIR, Manifest, read_docs, read_manifest
+from engine.index_dir import (
+    BM25_DIR,
+    DOCS_FILE,
+    FUSION_DIR,
+    MEMORY_DIR,
+    WAL_FILE,
+    IndexDirError,
+    Manifest,
+    latest_dense,
+    read_manifest,
+)
 from engine.learned_fusion import FusionModelError, LearnedFusion
-from engine.lucene import BM25Retriever
+from engine.lucene import LuceneIndex
 from engine.memory import JudgmentMemory
 from engine.models import load_encoder, pick_device
 from engine.rerank import Reranker, RerankerError
@@ -33,6 +46,10 @@ class Hit:
     title: str
     text: str
     fused_score: float
+    document_id: str = ""
+    chunk_id: str = ""
+    source_document: str = ""
+    metadata: dict = field(default_factory=dict)
     bm25_rank: int | None = None
     bm25_score: float | None = None
     dense_rank: int | None = None
@@ -55,6 +72,7 @@ class StageResult:
     seconds: dict[str, float] = field(default_factory=dict)
     rerank_scores: dict[str, float] = field(default_factory=dict)
     query_vector: np.ndarray | None = None
+    chunks: dict[str, Chunk] = field(default_factory=dict)
 
     @property
     def retrieved(self) -> dict[str, list[tuple[str, float]]]:
@@ -63,23 +81,63 @@ class StageResult:
 
 
 class HybridEngine:
-    """Loads an index directory once; ``search`` is thread-safe and deterministic."""
+    """Loads an index directory once; ``search`` is thread-safe and deterministic.
 
-    def __init__(self, settings: Settings) -> None:
+    ``writable`` opens it as its one writer (``self.live``, a :class:`LiveIndex`): documents can
+    then be added, replaced and deleted while it serves. A read-only engine refuses an index with
+    writes still in its log, since it could not show them.
+    """
+
+    def __init__(self, settings: Settings, writable: bool = False) -> None:
+        from engine.live import LiveIndex, ViewLock
+
         self.settings = settings
         index_dir = Path(settings.index_dir)
         self.manifest: Manifest = read_manifest(index_dir)
         self.device = pick_device(settings.device)
-        docs = read_docs(index_dir, self.manifest.documents)
-        self.docs = {doc.doc_id: doc for doc in docs}
-        self.bm25 = BM25Retriever(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b)
+        self.store = DocStore(index_dir / DOCS_FILE)
+        self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
         encoder = load_encoder(self.manifest.encoder, self.device)
-        self.dense = DenseRetriever(
-            index_dir / DENSE_FILE, [d.doc_id for d in docs], encoder, settings.hnsw_ef_search, self.device
-        )
+        dense_path, dense_seq = latest_dense(index_dir)
+        self.dense = DenseRetriever(dense_path, encoder, settings.hnsw_ef_search, self.device, writable)
+        if writable and not self.dense.accepts_deletes:
+            raise IndexDirError(
+                f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
+                " writes; rebuild with --dense-index flat, or rebuild after changing the corpus"
+            )
+        self.view_lock = ViewLock()
+        self.live = None
+        if writable:
+            self.live = LiveIndex(self, settings.refresh_interval_s)
+        else:
+            self._check_settled(index_dir, dense_seq)
+            self.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.reranker = self._load_reranker()
+
+    def _check_settled(self, index_dir: Path, dense_seq: int) -> None:
+        seqs = {self.bm25.committed_seq(), dense_seq, self.store.meta("applied_seq")}
+        wal = index_dir / WAL_FILE
+        if len(seqs) > 1 or (wal.exists() and wal.stat().st_size > 0):
+            raise IndexDirError(
+                f"{index_dir}: live writes are not checkpointed yet (a server is writing it, or one stopped"
+                " without a checkpoint); run `hybrid-search compact` when no server writes it"
+            )
+
+    def bind_units(self) -> None:
+        self.dense.bind(self.store.unit_ids_by_row())
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        """Dense vectors for new chunks, batched, on the engine's device."""
+        return encode(self.dense.encoder, texts, self.settings.encode_batch_size)
+
+    def close(self) -> None:
+        """Checkpoint live writes (if any) and release the index."""
+        if self.live is not None:
+            self.live.close()
+        self.bm25.close()
+        self.store.close()
 
     def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:
         if not self.settings.memory or not (index_dir / MEMORY_DIR).is_dir():
@@ -136,36 +194,47 @@ class HybridEngine:
             return "this index's memory keeps no query texts (rebuild it with `hybrid-search build`)"
         return None
 
-    def stages(self, query: str, top_k: int = 10, exclude: str | None = None) -> StageResult:
+    def stages(
+        self, query: str, top_k: int = 10, exclude: str | None = None, filters: Filters | None = None
+    ) -> StageResult:
         """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``.
 
         ``exclude`` names a training query to leave out of the judgment memory, so that training
         and mining see a training query's candidates as a new query would (without its own labels).
+        ``filters`` narrow every retriever inside its own search. Retrieval runs under the view
+        lock's shared side (a refresh applies writes between searches, never during one); the
+        reranker runs after it, on the texts read under the lock.
         """
         s = self.settings
         seconds: dict[str, float] = {}
-        t0 = time.perf_counter()
-        bm25 = self.bm25.search(query, max(s.bm25_depth, top_k))
-        t1 = time.perf_counter()
-        vector = self.dense.encode_query(query)
-        t_enc = time.perf_counter()
-        dense = self.dense.search(vector, max(s.dense_depth, top_k))
-        t_dense = time.perf_counter()
-        memory = self.memory.search(vector, s.memory_depth, exclude=exclude) if self.memory else []
-        t2 = time.perf_counter()
-        rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
-        weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
-        rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
-        found = {"bm25": bm25, "dense": dense, "memory": memory}
-        fused = self.fusion.rank(query, found, rrf) if self.fusion is not None else rrf
-        t3 = time.perf_counter()
+        with self.view_lock.reading():
+            t0 = time.perf_counter()
+            allowed = self.store.matching(filters) if filters is not None and not filters.empty else None
+            bm25 = self.bm25.search(query, max(s.bm25_depth, top_k), allowed)
+            t1 = time.perf_counter()
+            vector = self.dense.encode_query(query)
+            t_enc = time.perf_counter()
+            rows = list(allowed.values()) if allowed is not None else None
+            dense = self.dense.search(vector, max(s.dense_depth, top_k), rows)
+            t_dense = time.perf_counter()
+            live = allowed if allowed is not None else self.dense.rows
+            memory = self.memory.search(vector, s.memory_depth, exclude, live) if self.memory else []
+            t2 = time.perf_counter()
+            rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
+            weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
+            rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
+            found = {"bm25": bm25, "dense": dense, "memory": memory}
+            fused = self.fusion.rank(query, found, rrf) if self.fusion is not None else rrf
+            depth = max(s.rerank_depth_for(self.device) if self.reranker is not None else 0, top_k)
+            chunks = self.store.chunks(d for d, _ in fused[:depth])
+            t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
-        if self.reranker is not None:
-            reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude)
+        if self.reranker is not None and fused:
+            reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude, chunks)
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
-        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector)
+        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks)
 
     def rerank(
         self,
@@ -175,6 +244,7 @@ class HybridEngine:
         top_k: int = 1,
         vector: np.ndarray | None = None,
         exclude: str | None = None,
+        chunks: Mapping[str, Chunk] | None = None,
     ) -> list[tuple[str, float]]:
         """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents with their first-stage scores)
         reordered by the reranker, blended with the first stage (``rerank_blend``). ``scores`` caches
@@ -186,7 +256,7 @@ class HybridEngine:
         head = ranking[: max(s.rerank_depth_for(self.device), top_k)]
         todo = [d for d, _ in head if d not in scores]
         if todo:
-            passages = self.rerank_passages(query, todo, self.reranker.memory_context, vector, exclude)
+            passages = self.rerank_passages(query, todo, self.reranker.memory_context, vector, exclude, chunks)
             scores.update(zip(todo, self.reranker.score(query, passages), strict=True))
         return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
 
@@ -197,16 +267,22 @@ class HybridEngine:
         context: int,
         vector: np.ndarray | None = None,
         exclude: str | None = None,
+        chunks: Mapping[str, Chunk] | None = None,
     ) -> list[str]:
         """What a reranker reads for each document: its text, after the ``context`` training queries
         nearest the query that cited it when the reranker was trained that way (``memory_context``
-        in its model card; training builds its pairs here too)."""
+        in its model card; training builds its pairs here too). ``chunks`` are texts already read
+        (the store is asked for the others)."""
+        known = dict(chunks or {})
+        missing = [d for d in doc_ids if d not in known]
+        if missing:
+            known.update(self.store.chunks(missing))
         if not context:
-            return [self.docs[d].contents for d in doc_ids]
+            return [known[d].contents for d in doc_ids]
         if vector is None:
             vector = self.dense.encode_query(query)
         cited = (self.memory.cited_for(vector, d, context, exclude) for d in doc_ids)
-        return [f"{c} {self.docs[d].contents}" for c, d in zip(cited, doc_ids, strict=True)]
+        return [f"{c} {known[d].contents}" for c, d in zip(cited, doc_ids, strict=True)]
 
     def describe(self) -> dict:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries
@@ -222,13 +298,13 @@ class HybridEngine:
             "rerank_memory_context": r.memory_context if r else None,
         }
 
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
-        """Exactly ``top_k`` unique documents (fewer only if the corpus is smaller), best first."""
+    def search(self, query: str, top_k: int = 5, filters: Filters | None = None) -> list[Hit]:
+        """Exactly ``top_k`` unique chunks (fewer only if fewer match), best first."""
         if not query.strip():
             raise ValueError("query is empty")
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        result = self.stages(query, top_k)
+        result = self.stages(query, top_k, filters=filters)
         return self.hits(result, top_k)
 
     def hits(self, result: StageResult, top_k: int) -> list[Hit]:
@@ -236,19 +312,24 @@ class HybridEngine:
         dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
         memory = {d: r for r, (d, _) in enumerate(result.memory, start=1)}
         fused = dict(result.fused)
-        ranking = result.reranked if result.reranked is not None else result.fused
+        ranking = (result.reranked if result.reranked is not None else result.fused)[:top_k]
+        chunks = {**self.store.chunks(d for d, _ in ranking if d not in result.chunks), **result.chunks}
         hits = []
-        for doc_id, score in ranking[:top_k]:
-            doc = self.docs[doc_id]
+        for doc_id, score in ranking:
+            chunk = chunks[doc_id]
             b_rank, b_score = bm25.get(doc_id, (None, None))
             d_rank, d_score = dense.get(doc_id, (None, None))
             hits.append(
                 Hit(
                     doc_id=doc_id,
                     score=score,
-                    title=doc.title,
-                    text=doc.text,
+                    title=chunk.title,
+                    text=chunk.text,
                     fused_score=fused[doc_id],
+                    document_id=chunk.document_id,
+                    chunk_id=chunk.chunk_id,
+                    source_document=chunk.source_document,
+                    metadata=chunk.metadata,
                     bm25_rank=b_rank,
                     bm25_score=b_score,
                     dense_rank=d_rank,

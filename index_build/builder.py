@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from engine.config import Settings
-from engine.dataset import Dataset, fingerprint, load_dataset
+from engine.dataset import Dataset, Document, beir_document, fingerprint, load_dataset
 from engine.dense import build_faiss, encode
 from engine.index_dir import (
     BM25_DIR,
@@ -23,9 +23,9 @@ from engine.index_dir import (
     IndexDirError,
     Manifest,
     read_manifest,
-    write_docs,
 )
-from engine.java import start_jvm
+from engine.docstore import DocStore
+from engine.lucene import LuceneIndex
 from engine.memory import write_memory
 from engine.models import load_encoder, pick_device
 from engine.progress import track
@@ -55,7 +55,7 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
         import faiss
 
         faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))
-        write_docs(tmp / DOCS_FILE, docs)
+        _write_store(tmp / DOCS_FILE, docs)
         memory = _build_memory(tmp / MEMORY_DIR, dataset, settings, encoder)
         manifest = Manifest(
             dataset=str(Path(dataset.root).resolve()),
@@ -83,15 +83,21 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
     return manifest
 
 
-def _build_bm25(path: Path, docs, progress: bool) -> None:
-    """Title and text in one ``contents`` field, Anserini's default analyzer: BEIR "flat"."""
-    start_jvm()
-    from pyserini.index.lucene import LuceneIndexer
-
-    indexer = LuceneIndexer(str(path), threads=max(1, min(4, os.cpu_count() or 1)))
+def _build_bm25(path: Path, docs: list[Document], progress: bool) -> None:
+    """Title and text in one ``contents`` field, Anserini's analyzer: BEIR "flat". Each record is a
+    document of one chunk, so that live updates replace it by its id."""
+    index = LuceneIndex(path, writable=True)
     for doc in track(docs, "BM25 index", "doc", enabled=progress):
-        indexer.add_doc_dict({"id": doc.doc_id, "contents": doc.contents})
-    indexer.close()
+        index.add(doc.doc_id, [(doc.doc_id, doc.contents)])
+    index.commit(0)
+    index.close()
+
+
+def _write_store(path: Path, docs: list[Document]) -> None:
+    """Every record as a one-chunk document whose row is its position (the dense index's id)."""
+    store = DocStore(path)
+    store.write_documents((beir_document(doc), [row]) for row, doc in enumerate(docs))
+    store.close()
 
 
 def _build_memory(folder: Path, dataset: Dataset, settings: Settings, encoder) -> dict:

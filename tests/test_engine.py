@@ -36,7 +36,8 @@ def test_torch_flat_index_searches_like_faiss(engine, index_dir):
     from engine.dense import TorchFlatIndex
 
     index = faiss.read_index(str(index_dir / "dense.faiss"))
-    matmul = TorchFlatIndex(index.reconstruct_n(0, index.ntotal), "cpu")
+    ids = faiss.vector_to_array(index.id_map)
+    matmul = TorchFlatIndex(faiss.downcast_index(index.index).reconstruct_n(0, index.ntotal), ids, "cpu")
     query = engine.dense.encode_query("soy isoflavones and prostate cancer")
     (faiss_scores, faiss_rows), (torch_scores, torch_rows) = index.search(query, 10), matmul.search(query, 10)
     assert torch_rows.tolist() == faiss_rows.tolist()

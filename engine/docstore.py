@@ -1,0 +1,241 @@
+"""The document store: texts, titles and metadata of every chunk, in SQLite (WAL mode).
+
+Each chunk has a ``row``, its id in the dense index, so the store is also the map between what
+FAISS returns and what results show. Filters are answered here once per query, and the same
+allowed set is handed to every retriever, so all of them read a filter the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.documents import DATE, DOCUMENT_TYPE, Filters, unit_id
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    document_id TEXT PRIMARY KEY, name TEXT NOT NULL, metadata TEXT NOT NULL, embedding_model TEXT
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    row INTEGER PRIMARY KEY, unit_id TEXT NOT NULL UNIQUE, document_id TEXT NOT NULL, chunk_id TEXT NOT NULL,
+    position INTEGER NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL, metadata TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(document_id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+@dataclass
+class Chunk:
+    """One retrievable unit with what results show about it."""
+
+    unit_id: str
+    document_id: str
+    chunk_id: str
+    title: str
+    text: str
+    source_document: str
+    metadata: dict = field(default_factory=dict)
+    row: int = -1
+
+    @property
+    def doc_id(self) -> str:
+        return self.unit_id
+
+    @property
+    def contents(self) -> str:
+        """Title and body joined the way Anserini's BEIR "flat" collections index them."""
+        return f"{self.title} {self.text}".strip()
+
+
+class DocStore:
+    """One SQLite file; a connection per thread (readers never block the one writer in WAL mode)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._local = threading.local()
+        with self._conn() as conn:
+            conn.executescript(_SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._local.conn = conn
+        return conn
+
+    # reading
+    def count(self) -> int:
+        return self._conn().execute("SELECT count(*) FROM chunks").fetchone()[0]
+
+    def unit_ids_by_row(self) -> dict[int, str]:
+        return dict(self._conn().execute("SELECT row, unit_id FROM chunks"))
+
+    def chunks(self, unit_ids: Iterable[str]) -> dict[str, Chunk]:
+        ids = list(dict.fromkeys(unit_ids))
+        found: dict[str, Chunk] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            query = _CHUNK_SELECT + f" WHERE c.unit_id IN ({','.join('?' * len(part))})"
+            found.update((c.unit_id, c) for c in map(_chunk, self._conn().execute(query, part)))
+        return found
+
+    def document(self, document_id: str) -> dict | None:
+        """A document as it was sent (chunks in order), or None."""
+        conn = self._conn()
+        head = conn.execute(
+            "SELECT name, metadata, embedding_model FROM documents WHERE document_id = ?", (document_id,)
+        ).fetchone()
+        if head is None:
+            return None
+        rows = conn.execute(
+            "SELECT chunk_id, content, metadata, unit_id FROM chunks WHERE document_id = ? ORDER BY position",
+            (document_id,),
+        )
+        chunks = [{"chunk_id": c, "content": t, "metadata": json.loads(m), "doc_id": u} for c, t, m, u in rows]
+        return {
+            "document_id": document_id,
+            "document_name": head[0],
+            "metadata": json.loads(head[1]),
+            "embedding_model": head[2],
+            "chunks": chunks,
+        }
+
+    def rows_of(self, document_id: str) -> list[int]:
+        query = "SELECT row FROM chunks WHERE document_id = ? ORDER BY row"
+        return [r for (r,) in self._conn().execute(query, (document_id,))]
+
+    def matching(self, filters: Filters) -> dict[str, int]:
+        """unit id -> row of every chunk the filters allow."""
+        where, args = [], []
+        if filters.document_types:
+            where.append(f"json_extract(d.metadata, '$.{DOCUMENT_TYPE}') IN ({','.join('?' * len(filters.document_types))})")
+            args += filters.document_types
+        if filters.date_range:
+            start, end = filters.date_range
+            where.append(f"json_extract(d.metadata, '$.{DATE}') IS NOT NULL")
+            if start:
+                where.append(f"json_extract(d.metadata, '$.{DATE}') >= ?")
+                args.append(start.isoformat())
+            if end:
+                where.append(f"json_extract(d.metadata, '$.{DATE}') <= ?")
+                args.append(end.isoformat())
+        if filters.document_ids:
+            where.append(f"c.document_id IN ({','.join('?' * len(filters.document_ids))})")
+            args += filters.document_ids
+        for key, value in filters.equalities.items():
+            path = "$." + json.dumps(key)
+            where.append("coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ?")
+            args += [path, path, value]
+        query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        return dict(self._conn().execute(query, args))
+
+    def meta(self, key: str, default: int = 0) -> int:
+        found = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return found[0] if found else default
+
+    # writing: one transaction each, so a crash leaves the store before or after, never between
+    def write_document(self, document: dict, rows: list[int], seq: int | None = None) -> None:
+        """Replace ``document`` (a ``DocumentIn`` dump) whole; its chunks take ``rows`` in order."""
+        conn = self._conn()
+        with _transaction(conn):
+            _delete(conn, document["document_id"])
+            _insert(conn, document, rows)
+            _set_meta(conn, seq, max(rows) + 1 if rows else None)
+
+    def write_documents(self, documents: Iterable[tuple[dict, list[int]]]) -> None:
+        """Bulk load for a build: each (document, rows), all in one transaction."""
+        conn = self._conn()
+        with _transaction(conn):
+            top = -1
+            for document, rows in documents:
+                _insert(conn, document, rows)
+                top = max([top, *rows])
+            _set_meta(conn, None, top + 1)
+
+    def delete_document(self, document_id: str, seq: int | None = None) -> None:
+        conn = self._conn()
+        with _transaction(conn):
+            _delete(conn, document_id)
+            _set_meta(conn, seq, None)
+
+    def checkpoint(self) -> None:
+        """Fold SQLite's own WAL into the database file."""
+        self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.close()
+            self._local.conn = None
+
+
+_CHUNK_SELECT = (
+    "SELECT c.unit_id, c.document_id, c.chunk_id, c.title, c.content, d.name, d.metadata, c.metadata, c.row"
+    " FROM chunks c JOIN documents d USING (document_id)"
+)
+
+
+def _chunk(record: tuple) -> Chunk:
+    unit, document_id, chunk_id, title, content, name, doc_meta, chunk_meta, row = record
+    metadata = {**json.loads(doc_meta), **json.loads(chunk_meta)}
+    return Chunk(unit, document_id, chunk_id, title, content, name, metadata, row)
+
+
+class _transaction:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind, *_: object) -> None:
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def _delete(conn: sqlite3.Connection, document_id: str) -> None:
+    conn.execute("DELETE FROM chunks WHERE document_id = ?", (document_id,))
+    conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
+
+
+def _insert(conn: sqlite3.Connection, document: dict, rows: list[int]) -> None:
+    doc_id, name = document["document_id"], document.get("document_name") or ""
+    conn.execute(
+        "INSERT INTO documents VALUES (?, ?, ?, ?)",
+        (doc_id, name, json.dumps(document.get("metadata") or {}), document.get("embedding_model")),
+    )
+    conn.executemany(
+        "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                row,
+                unit_id(doc_id, c["chunk_id"]),
+                doc_id,
+                c["chunk_id"],
+                position,
+                c.get("title", name),
+                c["content"],
+                json.dumps(c.get("metadata") or {}),
+            )
+            for position, (c, row) in enumerate(zip(document["chunks"], rows, strict=True))
+        ],
+    )
+
+
+def _set_meta(conn: sqlite3.Connection, seq: int | None, next_row: int | None) -> None:
+    if seq is not None:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('applied_seq', ?)", (seq,))
+    if next_row is not None:
+        conn.execute(
+            "INSERT INTO meta VALUES ('next_row', ?) ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
+            (next_row,),
+        )

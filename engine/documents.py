@@ -1,0 +1,113 @@
+"""What the index holds and what a search may ask: documents made of chunks, and filters.
+
+A chunk is the unit every retriever ranks. A BEIR record is one document of one chunk whose
+chunk id is the document id, so its unit id (what results call ``doc_id``) stays the record's
+``_id``; any other chunk is ``<document_id>#<chunk_id>``. The shapes are the DOCUMENT_INGESTION
+payload of the agent message protocol.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+Scalar = str | int | float | bool
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
+# reserved document metadata with a meaning of their own (filters read them)
+DOCUMENT_TYPE, DATE = "document_type", "date"
+
+
+def unit_id(document_id: str, chunk_id: str) -> str:
+    """The id a retriever ranks: the document id for a one-chunk BEIR record, else both ids."""
+    return document_id if chunk_id == document_id else f"{document_id}#{chunk_id}"
+
+
+class ChunkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    chunk_id: Name
+    content: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+    metadata: dict[str, Scalar | None] = Field(default_factory=dict)
+
+
+class DocumentIn(BaseModel):
+    """One document with all its chunks: applied whole, replacing any earlier version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    document_id: Name
+    document_name: Annotated[str, StringConstraints(strip_whitespace=True, max_length=1024)] = ""
+    chunks: list[ChunkIn] = Field(min_length=1)
+    metadata: dict[str, Scalar | None] = Field(default_factory=dict)
+    embedding_model: str | None = None
+    total_chunks: int | None = Field(None, ge=1)
+
+    @field_validator("metadata")
+    @classmethod
+    def _reserved_keys(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        if metadata.get(DATE) is not None:
+            metadata[DATE] = _iso_date(metadata[DATE], f"metadata.{DATE}").isoformat()
+        if metadata.get(DOCUMENT_TYPE) is not None and not isinstance(metadata[DOCUMENT_TYPE], str):
+            raise ValueError(f"metadata.{DOCUMENT_TYPE} must be a string")
+        return metadata
+
+    @model_validator(mode="after")
+    def _whole(self) -> DocumentIn:
+        seen: set[str] = set()
+        for chunk in self.chunks:
+            if chunk.chunk_id in seen:
+                raise ValueError(f"chunk_id {chunk.chunk_id!r} appears twice in document {self.document_id!r}")
+            seen.add(chunk.chunk_id)
+        if self.total_chunks is not None and self.total_chunks != len(self.chunks):
+            raise ValueError(f"total_chunks is {self.total_chunks} but {len(self.chunks)} chunks were sent")
+        return self
+
+
+class Filters(BaseModel):
+    """Narrow a search; every given condition must hold. Any key besides the three named ones is
+    equality on that metadata key (a chunk's own metadata first, then its document's)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    document_types: list[Name] | None = Field(None, min_length=1)
+    date_range: tuple[date | None, date | None] | None = None
+    document_ids: list[Name] | None = Field(None, min_length=1)
+
+    @field_validator("date_range", mode="before")
+    @classmethod
+    def _dates(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ValueError("date_range must be [from, to] (ISO dates; null leaves an end open)")
+        return tuple(None if v is None else _iso_date(v, "date_range") for v in value)
+
+    @model_validator(mode="after")
+    def _equalities(self) -> Filters:
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, Scalar) or not key.strip():
+                raise ValueError(f"filter {key!r} must be a string, number or boolean (metadata equality)")
+        return self
+
+    @property
+    def equalities(self) -> dict[str, Scalar]:
+        return dict(self.model_extra or {})
+
+    @property
+    def empty(self) -> bool:
+        return not (self.document_types or self.date_range or self.document_ids or self.model_extra)
+
+
+def _iso_date(value: Any, field: str) -> date:
+    if isinstance(value, date):
+        return value
+    try:
+        return date.fromisoformat(str(value)[:10]) if isinstance(value, str) else _fail(field, value)
+    except ValueError:
+        return _fail(field, value)
+
+
+def _fail(field: str, value: Any) -> date:
+    raise ValueError(f"{field}: {value!r} is not an ISO date (YYYY-MM-DD)")

@@ -1,0 +1,295 @@
+"""A live index: documents added, replaced and deleted while the engine serves, durably.
+
+The write path, one writer at a time:
+
+1. the document is validated and its chunks encoded (outside any lock);
+2. a record (the whole document, its new dense rows, the rows it replaces, its vectors) is
+   appended to the write-ahead log and fsynced: from here the write is acknowledged;
+3. at the next refresh (every ``refresh_interval_s``, or at once when a caller waits for it) the
+   pending records are applied to SQLite, FAISS and Lucene under the view lock, and Lucene's
+   near-real-time reader is reopened. Searches hold the view lock's shared side while they
+   retrieve, so a search sees every store before a refresh or every store after it, never half
+   a document;
+4. a checkpoint (Lucene commit, ``dense-<seq>.faiss`` written to a temporary file and renamed,
+   SQLite's WAL checkpointed, directory fsynced) lets the log be emptied.
+
+Every store remembers the last record it holds (Lucene's commit data, the dense checkpoint's
+file name, SQLite's ``applied_seq``), so recovery replays each store from its own position and
+a record is never applied twice. Records carry everything a store needs (rows are allocated when
+the record is written), so replay is deterministic.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from engine.documents import DocumentIn, unit_id
+from engine.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense
+from engine.wal import WriteAheadLog, fsync_dir
+
+log = logging.getLogger(__name__)
+LOCK_FILE = "writer.lock"
+
+
+class DocumentNotFound(KeyError):
+    """No document with that id (nothing was changed)."""
+
+
+class ViewLock:
+    """Many searches or one refresh; a waiting refresh goes first, so it waits for at most the
+    searches already running."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._waiting = 0
+
+    @contextmanager
+    def reading(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def writing(self):
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._writing and not self._readers)
+            self._waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class LiveIndex:
+    """The writer of one index directory (an exclusive lock file says so to other processes)."""
+
+    def __init__(self, engine, refresh_interval_s: float = 1.0, checkpoint_bytes: int = 64 << 20) -> None:
+        self.engine = engine
+        self.index_dir = Path(engine.settings.index_dir)
+        self.refresh_interval_s = refresh_interval_s
+        self.checkpoint_bytes = checkpoint_bytes
+        self._lock_fh = _exclusive(self.index_dir / LOCK_FILE)
+        self._write = threading.Lock()
+        self._pending: list[dict] = []
+        self._latest: dict[str, dict] = {}  # document id -> its newest unapplied record
+        self.wal = WriteAheadLog(self.index_dir / WAL_FILE)
+        self.seq, self.dense_seq = 0, latest_dense(self.index_dir)[1]
+        self.recovery: dict = {}
+        self._recover()
+        self.next_row = max(self.engine.store.meta("next_row"), max(self.engine.dense.units, default=-1) + 1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresher, name="live-refresh", daemon=True)
+        self._thread.start()
+
+    # recovery
+    def _recover(self) -> None:
+        started = time.perf_counter()
+        records = self.wal.records()
+        engine = self.engine
+        lucene_seq, store_seq = engine.bm25.committed_seq(), engine.store.meta("applied_seq")
+        for record in records:
+            seq = record["seq"]
+            self._apply_dense(record) if seq > self.dense_seq else None
+            self._apply_lucene(record) if seq > lucene_seq else None
+            self._apply_store(record) if seq > store_seq else None
+        self.seq = max([self.dense_seq, lucene_seq, store_seq, *(r["seq"] for r in records)])
+        engine.bm25.refresh()
+        engine.bind_units()
+        self.recovery = {"records": len(records), "seconds": round(time.perf_counter() - started, 3)}
+        if records:
+            log.info("replayed %d logged writes in %.2f s", len(records), self.recovery["seconds"])
+
+    # writing
+    def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
+        """Log ``document`` (replacing every chunk of an earlier version) and acknowledge it."""
+        payload = document.model_dump(mode="json")
+        for chunk in payload["chunks"]:
+            chunk["title"] = payload["document_name"]
+        texts = [f"{c['title']} {c['content']}".strip() for c in payload["chunks"]]
+        vectors = self.engine.encode_texts(texts)
+        with self._write:
+            old_rows = self._rows_of(document.document_id)
+            rows = list(range(self.next_row, self.next_row + len(texts)))
+            record = {
+                "seq": self.seq + 1,
+                "op": "upsert",
+                "document": payload,
+                "rows": rows,
+                "old_rows": old_rows,
+                "vectors": base64.b64encode(vectors.astype("<f4").tobytes()).decode(),
+            }
+            self._log(record)
+            self.next_row += len(rows)
+        if wait:
+            self.refresh()
+        return {"document_id": document.document_id, "chunks": len(rows), "seq": record["seq"], "replaced": bool(old_rows)}
+
+    def delete(self, document_id: str, wait: bool = False) -> dict:
+        with self._write:
+            old_rows = self._rows_of(document_id)
+            if not old_rows:
+                raise DocumentNotFound(document_id)
+            record = {"seq": self.seq + 1, "op": "delete", "document_id": document_id, "old_rows": old_rows}
+            self._log(record)
+        if wait:
+            self.refresh()
+        return {"document_id": document_id, "deleted_chunks": len(old_rows), "seq": record["seq"]}
+
+    def document(self, document_id: str) -> dict | None:
+        """The newest acknowledged version (applied or not), as sent, or None."""
+        with self._write:
+            record = self._latest.get(document_id)
+        if record is not None:
+            if record["op"] == "delete":
+                return None
+            doc = dict(record["document"])
+            doc["chunks"] = [
+                {**c, "doc_id": unit_id(doc["document_id"], c["chunk_id"])}
+                for c in (_without_title(c) for c in doc["chunks"])
+            ]
+            return doc
+        return self.engine.store.document(document_id)
+
+    def _rows_of(self, document_id: str) -> list[int]:
+        record = self._latest.get(document_id)
+        if record is None:
+            return self.engine.store.rows_of(document_id)
+        return [] if record["op"] == "delete" else record["rows"]
+
+    def _log(self, record: dict) -> None:
+        self.wal.append(record)
+        self.seq = record["seq"]
+        self._pending.append(record)
+        self._latest[record.get("document_id") or record["document"]["document_id"]] = record
+
+    # applying
+    def refresh(self) -> int:
+        """Apply every acknowledged write and make it searchable; returns how many were applied."""
+        with self._write:
+            applied = self._apply_pending()
+            big = self.wal.size > self.checkpoint_bytes
+        if big:
+            self.checkpoint()
+        return applied
+
+    def _apply_pending(self) -> int:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return 0
+        with self.engine.view_lock.writing():
+            for record in pending:
+                self._apply_store(record)
+                self._apply_dense(record)
+                self._apply_lucene(record)
+            self.engine.bm25.refresh()
+        for record in pending:
+            key = record.get("document_id") or record["document"]["document_id"]
+            if self._latest.get(key) is record:
+                del self._latest[key]
+        return len(pending)
+
+    def _apply_store(self, record: dict) -> None:
+        store = self.engine.store
+        if record["op"] == "upsert":
+            store.write_document(record["document"], record["rows"], record["seq"])
+        else:
+            store.delete_document(record["document_id"], record["seq"])
+
+    def _apply_dense(self, record: dict) -> None:
+        dense = self.engine.dense
+        dense.remove(record["old_rows"])
+        if record["op"] == "upsert":
+            doc = record["document"]
+            vectors = np.frombuffer(base64.b64decode(record["vectors"]), dtype="<f4").reshape(len(record["rows"]), -1)
+            units = [unit_id(doc["document_id"], c["chunk_id"]) for c in doc["chunks"]]
+            dense.add(record["rows"], vectors, units)
+
+    def _apply_lucene(self, record: dict) -> None:
+        bm25 = self.engine.bm25
+        if record["op"] == "delete":
+            bm25.delete(record["document_id"])
+            return
+        doc = record["document"]
+        units = [(unit_id(doc["document_id"], c["chunk_id"]), f"{c['title']} {c['content']}".strip()) for c in doc["chunks"]]
+        bm25.replace(doc["document_id"], units)
+
+    def checkpoint(self) -> dict:
+        """Make every store durable on its own and empty the log (``hybrid-search compact``)."""
+        started = time.perf_counter()
+        with self._write:
+            applied = self._apply_pending()
+            seq, engine = self.seq, self.engine
+            engine.bm25.commit(seq)
+            if seq != self.dense_seq:
+                target = dense_checkpoint_path(self.index_dir, seq)
+                tmp = target.with_suffix(".tmp")
+                with engine.view_lock.reading():
+                    engine.dense.save(tmp)
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target)
+                fsync_dir(self.index_dir)
+                for older in self.index_dir.glob("dense*.faiss"):
+                    if older != target:
+                        older.unlink()
+                self.dense_seq = seq
+            engine.store.checkpoint()
+            logged = self.wal.size
+            self.wal.reset()
+        return {"seq": seq, "log_bytes": logged, "applied": applied, "seconds": round(time.perf_counter() - started, 3)}
+
+    def _refresher(self) -> None:
+        while not self._stop.wait(self.refresh_interval_s):
+            try:
+                self.refresh()
+            except Exception:  # keep refreshing; the write stays in the log for the next try
+                log.exception("refresh failed")
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Stop refreshing and checkpoint, so the next start has nothing to replay."""
+        self._stop.set()
+        self._thread.join()
+        self.checkpoint()
+        self.wal.close()
+        self._lock_fh.close()
+
+
+def _without_title(chunk: dict) -> dict:
+    return {k: v for k, v in chunk.items() if k != "title"}
+
+
+def _exclusive(path: Path):
+    fh = open(path, "a+")  # noqa: SIM115 - held for the writer's life
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise IndexDirError(
+            f"{path.parent}: another process writes this index (a running `hybrid-search serve`?); send documents"
+            " to it with POST /documents, or stop it first"
+        ) from None
+    return fh
