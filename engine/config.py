@@ -95,6 +95,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body the HTTP doors accept")
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
 
+    # agent message protocol
+    trace_db: Path = Field(Path("traces/traces.sqlite"), description="SQLite file of stored message traces")
+    trace_max_age_days: float = Field(7.0, gt=0, description="traces older than this are dropped")
+    trace_max_messages: int = Field(100_000, ge=100, description="at most this many stored messages")
+    agent_keys: Path | None = Field(None, description="TOML of agent keys (hashed); without it: loopback only")
+    agent_rate: str = Field("120/minute", description="default per-agent message rate (limits' syntax)")
+    max_message_bytes: int = Field(256 << 10, ge=1024, description="largest message body except ingestion")
+
     # serving
     host: str = "127.0.0.1"
     mcp_port: int = Field(8000, ge=0, le=65535, description="MCP + REST port")
@@ -103,7 +111,7 @@ class Settings(BaseSettings):
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(4000, ge=1)
 
-    @field_validator("reranker", "public_url", "memory_split", mode="before")
+    @field_validator("reranker", "public_url", "memory_split", "agent_keys", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value in ("", "none") else value

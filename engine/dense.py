@@ -34,20 +34,24 @@ def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32, rows: np.nd
 
 
 def encode(model, texts: list[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """Normalised float32 embeddings, encoded ``batch_size`` at a time (progress per batch)."""
-    starts = range(0, len(texts), batch_size)
-    parts = [
-        model.encode(
-            texts[i : i + batch_size],
+    """Normalised float32 embeddings, ``batch_size`` at a time with progress per batch.
+
+    Batches are cut from the texts sorted longest first, as sentence-transformers cuts them in one
+    call, so every text shares a batch (and padding) with the same neighbours either way and the
+    vectors are bit-for-bit those of a single ``model.encode`` call.
+    """
+    order = np.argsort([-len(text) for text in texts])
+    vectors = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
+    for start in track(range(0, len(texts), batch_size), f"encoding {len(texts):,} texts", "batch", enabled=progress):
+        rows = order[start : start + batch_size]
+        vectors[rows] = model.encode(
+            [texts[i] for i in rows],
             batch_size=batch_size,
             normalize_embeddings=True,
             convert_to_numpy=True,
             show_progress_bar=False,
         )
-        for i in track(starts, f"encoding {len(texts):,} texts", "batch", enabled=progress)
-    ]
-    dimension = model.get_embedding_dimension()
-    return np.asarray(np.concatenate(parts) if parts else np.zeros((0, dimension)), dtype=np.float32)
+    return vectors
 
 
 class TorchFlatIndex:
@@ -153,6 +157,11 @@ class DenseRetriever:
             params = faiss.SearchParameters(sel=selector)
             scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
         return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+
+    def similarity(self, vector: np.ndarray, unit_ids: list[str]) -> list[float]:
+        """Cosine of the query and each chunk (read back from the index by row)."""
+        vectors = np.vstack([self._index.reconstruct(int(self.rows[u])) for u in unit_ids]) if unit_ids else None
+        return [] if vectors is None else [float(x) for x in vectors @ vector.reshape(-1)]
 
     def add(self, rows: list[int], vectors: np.ndarray, unit_ids: list[str]) -> None:
         self._index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(rows, dtype=np.int64))

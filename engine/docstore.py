@@ -115,7 +115,9 @@ class DocStore:
         """unit id -> row of every chunk the filters allow."""
         where, args = [], []
         if filters.document_types:
-            where.append(f"json_extract(d.metadata, '$.{DOCUMENT_TYPE}') IN ({','.join('?' * len(filters.document_types))})")
+            where.append(
+                f"json_extract(d.metadata, '$.{DOCUMENT_TYPE}') IN ({','.join('?' * len(filters.document_types))})"
+            )
             args += filters.document_types
         if filters.date_range:
             start, end = filters.date_range

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.calibration import Calibration
+
 MODEL_FILE = "model.txt"
 CARD_FILE = "card.json"
 RETRIEVERS = ("bm25", "dense", "memory")
@@ -71,6 +73,7 @@ class LearnedFusion:
             raise FusionModelError(f"{path}: trained on features {self.booster.feature_name()}, not {FEATURES}")
         card = Path(folder) / CARD_FILE
         self.card: dict = json.loads(card.read_text()) if card.is_file() else {}
+        self.calibration = Calibration.load(folder)
 
     def rank(self, query: str, found: Mapping[str, Ranking], fused: Ranking) -> list[tuple[str, float]]:
         """``fused`` reordered by the model, each candidate with its predicted score; ties keep RRF order."""

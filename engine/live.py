@@ -84,12 +84,13 @@ class ViewLock:
 class LiveIndex:
     """The writer of one index directory (an exclusive lock file says so to other processes)."""
 
-    def __init__(self, engine, refresh_interval_s: float = 1.0, checkpoint_bytes: int = 64 << 20) -> None:
+    def __init__(self, engine, lock, refresh_interval_s: float = 1.0, checkpoint_bytes: int = 64 << 20) -> None:
+        """``lock``: what :func:`claim_writer` returned, taken before any store was opened for writing."""
         self.engine = engine
         self.index_dir = Path(engine.settings.index_dir)
         self.refresh_interval_s = refresh_interval_s
         self.checkpoint_bytes = checkpoint_bytes
-        self._lock_fh = _exclusive(self.index_dir / LOCK_FILE)
+        self._lock_fh = lock
         self._write = threading.Lock()
         self._pending: list[dict] = []
         self._latest: dict[str, dict] = {}  # document id -> its newest unapplied record
@@ -143,7 +144,13 @@ class LiveIndex:
             self.next_row += len(rows)
         if wait:
             self.refresh()
-        return {"document_id": document.document_id, "chunks": len(rows), "seq": record["seq"], "replaced": bool(old_rows)}
+        return {
+            "document_id": document.document_id,
+            "chunks": len(rows),
+            "seq": record["seq"],
+            "replaced": bool(old_rows),
+            "encoder": self.engine.manifest.encoder,
+        }
 
     def delete(self, document_id: str, wait: bool = False) -> dict:
         with self._write:
@@ -231,7 +238,9 @@ class LiveIndex:
             bm25.delete(record["document_id"])
             return
         doc = record["document"]
-        units = [(unit_id(doc["document_id"], c["chunk_id"]), f"{c['title']} {c['content']}".strip()) for c in doc["chunks"]]
+        units = [
+            (unit_id(doc["document_id"], c["chunk_id"]), f"{c['title']} {c['content']}".strip()) for c in doc["chunks"]
+        ]
         bm25.replace(doc["document_id"], units)
 
     def checkpoint(self) -> dict:
@@ -266,8 +275,14 @@ class LiveIndex:
             except Exception:  # keep refreshing; the write stays in the log for the next try
                 log.exception("refresh failed")
 
-    def pending(self) -> int:
-        return len(self._pending)
+    def status(self) -> dict:
+        return {
+            "seq": self.seq,
+            "pending": len(self._pending),
+            "log_bytes": self.wal.size,
+            "refresh_interval_s": self.refresh_interval_s,
+            "recovered": self.recovery,
+        }
 
     def close(self) -> None:
         """Stop refreshing and checkpoint, so the next start has nothing to replay."""
@@ -282,7 +297,9 @@ def _without_title(chunk: dict) -> dict:
     return {k: v for k, v in chunk.items() if k != "title"}
 
 
-def _exclusive(path: Path):
+def claim_writer(index_dir: Path):
+    """The index's writer lock (a file lock the OS drops with the process), or a clear error."""
+    path = Path(index_dir) / LOCK_FILE
     fh = open(path, "a+")  # noqa: SIM115 - held for the writer's life
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -46,6 +46,7 @@ class Hit:
     title: str
     text: str
     fused_score: float
+    similarity_score: float = 0.0
     document_id: str = ""
     chunk_id: str = ""
     source_document: str = ""
@@ -89,11 +90,12 @@ class HybridEngine:
     """
 
     def __init__(self, settings: Settings, writable: bool = False) -> None:
-        from engine.live import LiveIndex, ViewLock
+        from engine.live import LiveIndex, ViewLock, claim_writer
 
         self.settings = settings
         index_dir = Path(settings.index_dir)
         self.manifest: Manifest = read_manifest(index_dir)
+        writer_lock = claim_writer(index_dir) if writable else None
         self.device = pick_device(settings.device)
         self.store = DocStore(index_dir / DOCS_FILE)
         self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
@@ -108,7 +110,7 @@ class HybridEngine:
         self.view_lock = ViewLock()
         self.live = None
         if writable:
-            self.live = LiveIndex(self, settings.refresh_interval_s)
+            self.live = LiveIndex(self, writer_lock, settings.refresh_interval_s)
         else:
             self._check_settled(index_dir, dense_seq)
             self.bind_units()
@@ -298,16 +300,29 @@ class HybridEngine:
             "rerank_memory_context": r.memory_context if r else None,
         }
 
-    def search(self, query: str, top_k: int = 5, filters: Filters | None = None) -> list[Hit]:
-        """Exactly ``top_k`` unique chunks (fewer only if fewer match), best first."""
+    def search(
+        self, query: str, top_k: int = 5, filters: Filters | None = None, similarity_threshold: float | None = None
+    ) -> list[Hit]:
+        """``top_k`` unique chunks, best first; fewer only if fewer match the filters or reach the
+        threshold (on :meth:`similarity`)."""
         if not query.strip():
             raise ValueError("query is empty")
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
         result = self.stages(query, top_k, filters=filters)
-        return self.hits(result, top_k)
+        return self.hits(result, top_k, similarity_threshold)
 
-    def hits(self, result: StageResult, top_k: int) -> list[Hit]:
+    def similarity(self, result: StageResult, ranking: list[tuple[str, float]]) -> list[float]:
+        """What ``similarity_score`` means: with a calibrated fusion, the probability that the hit is
+        relevant (from its fused score and final rank); without one (no training judgments), the
+        cosine of the query and the chunk."""
+        calibration = self.fusion.calibration if self.fusion is not None else None
+        if calibration is None:
+            return self.dense.similarity(result.query_vector, [d for d, _ in ranking])
+        fused = dict(result.fused)
+        return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
+
+    def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> list[Hit]:
         bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
         dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
         memory = {d: r for r, (d, _) in enumerate(result.memory, start=1)}
@@ -315,7 +330,9 @@ class HybridEngine:
         ranking = (result.reranked if result.reranked is not None else result.fused)[:top_k]
         chunks = {**self.store.chunks(d for d, _ in ranking if d not in result.chunks), **result.chunks}
         hits = []
-        for doc_id, score in ranking:
+        for (doc_id, score), similarity in zip(ranking, self.similarity(result, ranking), strict=True):
+            if similarity_threshold is not None and similarity < similarity_threshold:
+                continue
             chunk = chunks[doc_id]
             b_rank, b_score = bm25.get(doc_id, (None, None))
             d_rank, d_score = dense.get(doc_id, (None, None))
@@ -326,6 +343,7 @@ class HybridEngine:
                     title=chunk.title,
                     text=chunk.text,
                     fused_score=fused[doc_id],
+                    similarity_score=similarity,
                     document_id=chunk.document_id,
                     chunk_id=chunk.chunk_id,
                     source_document=chunk.source_document,

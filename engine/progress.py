@@ -25,6 +25,7 @@ class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
         self, items: Iterable[T], desc: str, unit: str = "item", total: int | None = None, enabled: bool = True
     ) -> None:
         self.items, self.desc, self.unit, self.enabled = items, desc, unit, enabled
+        self.units = _plural(unit)
         self.total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
         self._bar = None
         self._notes: dict[str, str] = {}
@@ -46,9 +47,9 @@ class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
             yield from self._logged()
 
     def _logged(self) -> Iterator[T]:
-        started, total, unit = time.perf_counter(), self.total, self.unit
+        started, total = time.perf_counter(), self.total
         marks = sorted({int(q * total) for q in _QUARTERS} - {0}) if total else []
-        log.info("%s: started%s", self.desc, f" ({total:,} {unit}s)" if total else "")
+        log.info("%s: started%s", self.desc, f" ({total:,} {self.units})" if total else "")
         done = 0
         for item in self.items:
             yield item
@@ -56,17 +57,23 @@ class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
             if marks and done == marks[0]:
                 marks.pop(0)
                 log.info(
-                    "%s: %d%% (%s/%s %ss)%s",
+                    "%s: %d%% (%s/%s %s)%s",
                     self.desc,
                     round(100 * done / total),
                     f"{done:,}",
                     f"{total:,}",
-                    unit,
+                    self.units,
                     self._suffix(),
                 )
         seconds = time.perf_counter() - started
-        rate = f", {done / seconds:,.1f} {unit}s/s" if seconds > 0 else ""
-        log.info("%s: done, %s %ss in %.1f s%s%s", self.desc, f"{done:,}", unit, seconds, rate, self._suffix())
+        rate = f", {done / seconds:,.1f} {self.units}/s" if seconds > 0 else ""
+        log.info("%s: done, %s %s in %.1f s%s%s", self.desc, f"{done:,}", self.units, seconds, rate, self._suffix())
 
     def _suffix(self) -> str:
         return "".join(f", {k} {v}" for k, v in self._notes.items())
+
+
+def _plural(unit: str) -> str:
+    if unit.endswith("y") and unit[-2:-1] not in tuple("aeiou"):
+        return unit[:-1] + "ies"
+    return unit + ("es" if unit.endswith(("s", "x", "ch", "sh")) else "s")

@@ -59,7 +59,9 @@ class WriteAheadLog:
                 break
             offset += _HEADER.size + length
         if offset < len(raw):
-            log.warning("%s: cut a torn tail of %d bytes after %d whole records", self.path, len(raw) - offset, len(records))
+            log.warning(
+                "%s: cut a torn tail of %d bytes after %d whole records", self.path, len(raw) - offset, len(records)
+            )
             self._fh.truncate(offset)
             os.fsync(self._fh.fileno())
         return records

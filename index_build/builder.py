@@ -14,6 +14,7 @@ from pathlib import Path
 from engine.config import Settings
 from engine.dataset import Dataset, Document, beir_document, fingerprint, load_dataset
 from engine.dense import build_faiss, encode
+from engine.docstore import DocStore
 from engine.index_dir import (
     BM25_DIR,
     DENSE_FILE,
@@ -24,7 +25,6 @@ from engine.index_dir import (
     Manifest,
     read_manifest,
 )
-from engine.docstore import DocStore
 from engine.lucene import LuceneIndex
 from engine.memory import write_memory
 from engine.models import load_encoder, pick_device

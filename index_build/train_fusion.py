@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.calibration import Calibration
 from engine.config import Settings
 from engine.dataset import Dataset, load_dataset
 from engine.evaluation import evaluate_run, stage_runs
@@ -79,6 +80,24 @@ def fit(
     return model.fit(features, grades, group=groups, feature_name=list(FEATURES))
 
 
+def calibrate(features: np.ndarray, grades: np.ndarray, groups: list[int], seed: int = 0) -> Calibration:
+    """Fit the score calibration on out-of-fold scores: two models, each scoring the half of the
+    queries it did not learn from, so the probabilities are those of a new query."""
+    starts = np.cumsum([0, *groups])
+    halves = [list(range(0, len(groups), 2)), list(range(1, len(groups), 2))]
+    scores = np.empty(len(grades))
+    ranks = np.empty(len(grades))
+    for learn, held in (halves, halves[::-1]):
+        rows = np.concatenate([np.arange(starts[q], starts[q + 1]) for q in learn])
+        model = fit(features[rows], grades[rows], [groups[q] for q in learn], seed=seed)
+        for q in held:
+            part = slice(starts[q], starts[q + 1])
+            scores[part] = model.booster_.predict(features[part])
+            ranks[part] = np.argsort(np.argsort(-scores[part], kind="stable"), kind="stable") + 1
+    fitted_on = f"out-of-fold fusion scores of {len(groups)} training queries (2 folds)"
+    return Calibration.fit(scores, ranks, grades > 0, fitted_on)
+
+
 def train_fusion(
     settings: Settings,
     dataset: Dataset | None = None,
@@ -100,11 +119,14 @@ def train_fusion(
         query_ids = random.Random(seed).sample(query_ids, min(queries, len(query_ids)))
     if not query_ids:
         raise ValueError(f"{split}: no query with a positive judgment to learn a fusion from")
-    model = fit(*collect(engine, dataset, qrels, query_ids, progress), seed=seed)
+    features, grades, groups = collect(engine, dataset, qrels, query_ids, progress)
+    model = fit(features, grades, groups, seed=seed)
+    calibration = calibrate(features, grades, groups, seed)
     target = Path(settings.index_dir) / FUSION_DIR
     work = Path(tempfile.mkdtemp(prefix=f".{FUSION_DIR}-", dir=settings.index_dir))
     try:
         model.booster_.save_model(str(work / MODEL_FILE))
+        calibration.save(work)
         card = {
             "model": "LightGBM LambdaMART over the RRF candidates",
             "features": list(FEATURES),

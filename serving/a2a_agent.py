@@ -57,8 +57,14 @@ class McpSearch:
     async def doc_ids(self, request: SearchRequest) -> list[str]:
         from mcp import Client
 
+        arguments = {"query": request.query, "top_k": request.top_k}
+        tool = "search_nfcorpus"
+        if request.filters is not None or request.similarity_threshold is not None:
+            tool = "search"  # the general tool takes them; the benchmark's stays as it is
+            arguments["filters"] = request.filters.model_dump(exclude_none=True) if request.filters else None
+            arguments["similarity_threshold"] = request.similarity_threshold
         async with Client(self.url) as client:
-            result = await client.call_tool("search_nfcorpus", {"query": request.query, "top_k": request.top_k})
+            result = await client.call_tool(tool, arguments)
         if result.is_error:
             message = " ".join(getattr(c, "text", "") for c in result.content).strip()
             raise BadRequest(f"MCP tool failed: {message or 'no message'}")
@@ -142,7 +148,8 @@ def agent_card(url: str) -> AgentCard:
                 id=SKILL_ID,
                 name="NFCorpus retrieval",
                 description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
-                "(or a data part with those keys). Output: one artifact with one data part "
+                "(or a data part with those keys; optional filters {document_types, date_range, document_ids, "
+                "metadata key: value} and similarity_threshold 0..1). Output: one artifact with one data part "
                 '{"doc_ids": [...]} holding top_k ranked, unique NFCorpus document ids.',
                 tags=["retrieval", "search", "nfcorpus", "medical"],
                 examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],

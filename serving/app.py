@@ -57,9 +57,11 @@ class RequestLog:
             )
 
 
-def build_apps(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None):
+def build_apps(
+    settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None, writable: bool = False
+):
     """The ASGI apps to serve, with the engine loaded now so no request pays for loading."""
-    service = SearchService(settings) if (mcp or mcp_url is None) else None
+    service = SearchService(settings, writable=writable) if (mcp or mcp_url is None) else None
     apps = {}
     if mcp:
         server = build_mcp_server(service)
@@ -78,9 +80,12 @@ def _display_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def run_servers(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None) -> None:
-    """Serve until Ctrl-C or SIGTERM; uvicorn drains open requests before it stops."""
-    service, apps = build_apps(settings, mcp, a2a, mcp_url)
+def run_servers(
+    settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None, writable: bool = True
+) -> None:
+    """Serve until Ctrl-C or SIGTERM; uvicorn drains open requests, then a writable index is
+    checkpointed before the process exits."""
+    service, apps = build_apps(settings, mcp, a2a, mcp_url, writable)
     servers = [
         _Server(uvicorn.Config(RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False))
         for door, (app, port) in apps.items()

@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="search the index and print a table of hits")
     p.add_argument("query", help="the question, in plain words")
     p.add_argument("--top-k", type=int, default=5, help="hits to show (default 5)")
+    p.add_argument(
+        "--filters",
+        help='JSON filters, e.g. \'{"document_types": ["guideline"], "date_range": ["2020-01-01", null]}\'',
+    )
+    p.add_argument("--filter", action="append", metavar="KEY=VALUE", help="metadata equality (repeatable)")
+    p.add_argument(
+        "--similarity-threshold",
+        type=float,
+        help="drop hits whose similarity_score (probability of relevance, 0-1) is below this",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _paths(p)
     _search_options(p)
@@ -202,7 +212,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)"
     )
+    p.add_argument("--read-only", action="store_true", help="refuse document writes (POST/DELETE /documents)")
+    p.add_argument("--mcp-writes", action="store_true", default=None, help="offer MCP tools that add/delete documents")
+    p.add_argument(
+        "--refresh-interval", dest="refresh_interval_s", type=float, help="seconds until writes are searchable (1)"
+    )
+    p.add_argument("--max-body-bytes", type=int, help="largest HTTP request body (default 8 MiB; more gets 413)")
+    p.add_argument("--agent-keys", type=Path, help="TOML of agent keys for /v1 (default: loopback clients only)")
+    p.add_argument("--agent-rate", help="default messages an agent may send, e.g. 120/minute")
+    p.add_argument("--trace-db", type=Path, help="SQLite file of message traces (default traces/traces.sqlite)")
     _search_options(p)
+
+    p = sub.add_parser(
+        "ingest",
+        help="add files to an index: BEIR .jsonl, DOCUMENT_INGESTION .json, .txt, .md, .pdf",
+        description="Add documents to an existing index, durably (write-ahead log, then a checkpoint). A"
+        " document id sent again replaces that document whole. Text, Markdown and PDF files are split into"
+        " sentence-aligned chunks (page / section kept). A file with any error adds nothing and is reported;"
+        " the others go in. While `serve` runs on the index, send documents to it (POST /documents) instead.",
+        epilog="examples:\n  hybrid-search ingest notes/*.md report.pdf --index-dir indexes/nfcorpus\n"
+        "  hybrid-search ingest extra-corpus.jsonl --chunk-words 120",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files to add")
+    _paths(p)
+    p.add_argument("--chunk-words", type=int, help="words per chunk when a file is split (default 200)")
+    p.add_argument("--chunk-overlap-words", type=int, help="words neighbouring chunks share (default 40)")
+    _device(p)
+
+    p = sub.add_parser(
+        "compact",
+        help="apply and checkpoint logged writes (empties the write-ahead log)",
+        description="Replay the write-ahead log into Lucene, FAISS and SQLite, commit each, and empty the log."
+        " Needed before read-only tools (search, evaluate, bench) open an index that took live writes;"
+        " `serve` does it on a clean stop.",
+    )
+    _paths(p)
+    _device(p)
 
     p = sub.add_parser("bench", help="latency per stage in-process, or end to end through a front door")
     _paths(p, data=True)
@@ -217,6 +263,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="result file name (default: the target)")
     p.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
     _search_options(p)
+
+    p = sub.add_parser("schemas", help="JSON Schemas of the agent message protocol's messages")
+    p.add_argument("--out", type=Path, help="folder to write <TYPE>.schema.json into (default: print)")
+
+    p = sub.add_parser(
+        "agent-key",
+        help="make a key for an agent of the message protocol (prints the hashed entry for --agent-keys)",
+        epilog="example:\n  hybrid-search agent-key IngestionAgent --types DOCUMENT_INGESTION >> agent-keys.toml\n"
+        "  hybrid-search serve --agent-keys agent-keys.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("agent_id", help="the agent the key speaks for (the messages' sender)")
+    p.add_argument("--types", required=True, help="message types it may send, comma-separated")
+    p.add_argument("--rate", help="its rate limit, e.g. 60/minute (default: --agent-rate)")
 
     p = sub.add_parser("mcp-stdio", help="serve the MCP tool over stdio, for hosts that launch tools")
     _paths(p)

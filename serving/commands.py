@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,9 +34,10 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
     from engine.pipeline import HybridEngine
 
     _check_top_k(args.top_k)
+    filters = _filters(args.filters, args.filter)
     engine = HybridEngine(settings)
     started = time.perf_counter()
-    hits = engine.search(args.query, args.top_k)
+    hits = engine.search(args.query, args.top_k, filters, args.similarity_threshold)
     elapsed = time.perf_counter() - started
     if args.json:
         print(json.dumps([hit.__dict__ for hit in hits], indent=2))
@@ -158,7 +160,51 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
     if args.build_if_missing and not (Path(settings.index_dir) / MANIFEST_FILE).is_file():
         build(settings, args)
-    run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url)
+    run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url, writable=not args.read_only)
+    return 0
+
+
+def ingest(settings: Settings, args: argparse.Namespace) -> int:
+    """Read and validate each file whole, then log its documents; one bad file adds nothing."""
+    from engine.pipeline import HybridEngine
+    from engine.progress import track
+    from index_build.ingest import IngestError, read_documents
+
+    engine = HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
+    added = chunks = failed = 0
+    started = time.perf_counter()
+    try:
+        for path in track(args.paths, "ingesting", "file"):
+            try:
+                documents = read_documents(path, settings.chunk_words, settings.chunk_overlap_words)
+            except IngestError as exc:
+                print(f"hybrid-search: skipped {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            for document in documents:
+                chunks += engine.live.upsert(document)["chunks"]
+            added += len(documents)
+        engine.live.refresh()
+    finally:
+        engine.close()
+    seconds = time.perf_counter() - started
+    skipped = f"; {failed} file{'s' * (failed > 1)} skipped (see above)" if failed else ""
+    print(f"added {added} documents ({chunks} chunks) to {settings.index_dir} in {seconds:.1f} s{skipped}")
+    return 1 if failed else 0
+
+
+def compact(settings: Settings, args: argparse.Namespace) -> int:
+    """Apply and checkpoint every logged write, so the log is empty and readers can open the index."""
+    from engine.pipeline import HybridEngine
+
+    engine = HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
+    recovered = engine.live.recovery
+    result = engine.live.checkpoint()
+    engine.close()
+    print(
+        f"checkpointed {settings.index_dir} at write {result['seq']}: replayed {recovered['records']}"
+        f" logged writes, emptied {result['log_bytes']:,} bytes of log in {result['seconds']:.2f} s"
+    )
     return 0
 
 
@@ -216,6 +262,64 @@ def _int_list(text: str, flag: str) -> list[int]:
 def _check_top_k(top_k: int) -> None:
     if not 1 <= top_k <= 100:
         raise ValueError(f"--top-k must be between 1 and 100, got {top_k}")
+
+
+def schemas(settings: Settings, args: argparse.Namespace) -> int:
+    """Write the JSON Schema of every agent-protocol message into a folder (or print them)."""
+    from agents.messages import schemas as all_schemas
+
+    found = all_schemas()
+    if args.out is None:
+        print(json.dumps(found, indent=2))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, schema in found.items():
+        (args.out / f"{name}.schema.json").write_text(json.dumps(schema, indent=2) + "\n")
+    print(f"wrote {len(found)} schemas to {args.out}")
+    return 0
+
+
+def agent_key(settings: Settings, args: argparse.Namespace) -> int:
+    """A new random key for an agent: the key once, and the hashed entry for the keys file."""
+    import secrets
+
+    from serving.protocol_routes import hash_key
+
+    key = "hsk-" + secrets.token_urlsafe(32)
+    types = ", ".join(json.dumps(t) for t in args.types.split(",") if t)
+    print(f"# key for {args.agent_id} (shown once; send it as 'Authorization: Bearer <key>'):\n# {key}")
+    print(f'[agents.{args.agent_id}]\nkey_sha256 = "{hash_key(key)}"\nmessage_types = [{types}]')
+    if args.rate:
+        print(f'rate = "{args.rate}"')
+    return 0
+
+
+def _filters(raw: str | None, pairs: list[str] | None):
+    """--filters JSON and --filter KEY=VALUE (repeatable) as one Filters."""
+    from pydantic import ValidationError
+
+    from engine.documents import Filters
+    from serving.search_service import problems
+
+    data = {}
+    if raw:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--filters is not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise ValueError('--filters must be a JSON object, e.g. \'{"document_types": ["guideline"]}\'')
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--filter {pair!r}: expected KEY=VALUE")
+        data[key] = value
+    if not data:
+        return None
+    try:
+        return Filters.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"filters: {problems(exc)}") from None
 
 
 def _opt(value: int | None) -> str:

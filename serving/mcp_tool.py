@@ -1,7 +1,9 @@
-"""The MCP server: tool ``search_nfcorpus`` over streamable HTTP (``/mcp``) or stdio.
+"""The MCP server over streamable HTTP (``/mcp``) or stdio, and the REST routes beside it.
 
-The HTTP app also carries the REST twin ``POST /search_nfcorpus`` (the way the benchmark's own
-MCP service is called), ``GET /health`` and ``GET /metrics``.
+Tools: ``search_nfcorpus`` (the benchmark's, unchanged), ``search`` (filters, threshold, chunk
+fields) and, with ``--mcp-writes``, ``add_document`` / ``delete_document``. REST: ``POST
+/search_nfcorpus`` (the benchmark's twin), ``POST /search``, ``/documents`` (POST, and GET /
+DELETE by id), ``GET /health`` and ``GET /metrics``.
 """
 
 import io
@@ -18,8 +20,10 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from engine.live import DocumentNotFound
 from engine.pipeline import Hit
-from serving.search_service import BadRequest, QueryTimeout, SearchRequest, SearchService
+from serving.protocol_routes import ProtocolDoor, load_keys
+from serving.search_service import BadRequest, QueryTimeout, ReadOnly, SearchRequest, SearchService
 
 log = logging.getLogger(__name__)
 TOOL_NAME = "search_nfcorpus"
@@ -34,6 +38,41 @@ class SearchResult(BaseModel):
 
 class SearchResponse(BaseModel):
     results: list[SearchResult]
+
+
+class ChunkResult(SearchResult):
+    doc_id: str = Field(description="the chunk's id in the index: the document id, or document_id#chunk_id")
+    document_id: str
+    chunk_id: str
+    source_document: str = Field(description="the document's name")
+    metadata: dict = Field(description="the document's metadata with the chunk's own on top (page, section, ...)")
+    similarity_score: float = Field(
+        description="probability that the hit is relevant (calibrated on training judgments; without them, the"
+        " cosine of query and chunk): what similarity_threshold compares"
+    )
+
+
+class ChunkResponse(BaseModel):
+    results: list[ChunkResult]
+
+
+def to_chunks(hits: list[Hit]) -> ChunkResponse:
+    return ChunkResponse(
+        results=[
+            ChunkResult(
+                doc_id=h.doc_id,
+                score=h.score,
+                title=h.title,
+                text=h.text,
+                document_id=h.document_id,
+                chunk_id=h.chunk_id,
+                source_document=h.source_document,
+                metadata=h.metadata,
+                similarity_score=h.similarity_score,
+            )
+            for h in hits
+        ]
+    )
 
 
 def to_response(hits: list[Hit]) -> SearchResponse:
@@ -62,23 +101,103 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         except (BadRequest, QueryTimeout) as exc:
             raise ToolError(str(exc)) from None
 
-    @server.custom_route("/search_nfcorpus", methods=["POST"])
-    async def rest_search(request: Request) -> Response:
+    @server.tool(
+        name="search",
+        description="Search the index's chunks, optionally narrowed by filters (document_types, date_range"
+        " [from, to], document_ids, or equality on any metadata key) and a similarity_threshold (0-1).",
+    )
+    async def search(
+        query: Annotated[str, Field(min_length=1, max_length=max_chars, description="the question")],
+        top_k: Annotated[int, Field(ge=1, le=100, description="number of chunks to return")] = 5,
+        filters: Annotated[dict | None, Field(description='e.g. {"document_types": ["guideline"]}')] = None,
+        similarity_threshold: Annotated[float | None, Field(ge=0, le=1)] = None,
+    ) -> ChunkResponse:
+        payload = {"query": query, "top_k": top_k, "filters": filters, "similarity_threshold": similarity_threshold}
         try:
-            payload = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, 'body must be JSON like {"query": "...", "top_k": 5}')
+            return to_chunks(await service.search(SearchRequest.parse(payload, max_chars), door="mcp"))
+        except (BadRequest, QueryTimeout) as exc:
+            raise ToolError(str(exc)) from None
+
+    if service.settings.mcp_writes:
+
+        @server.tool(name="add_document", description="Add a document with its chunks, or replace it whole.")
+        async def add_document(
+            document_id: str, chunks: list[dict], document_name: str = "", metadata: dict | None = None
+        ) -> dict:
+            payload = {"document_id": document_id, "document_name": document_name, "chunks": chunks}
+            try:
+                return await service.upsert({**payload, "metadata": metadata or {}}, wait=True)
+            except (BadRequest, ReadOnly) as exc:
+                raise ToolError(str(exc)) from None
+
+        @server.tool(name="delete_document", description="Delete a document and all its chunks.")
+        async def delete_document(document_id: str) -> dict:
+            try:
+                return await service.delete(document_id, wait=True)
+            except DocumentNotFound:
+                raise ToolError(f"no document {document_id!r}") from None
+            except ReadOnly as exc:
+                raise ToolError(str(exc)) from None
+
+    async def searched(request: Request, respond) -> Response:
         try:
+            payload = await _json_body(request, service.settings.max_body_bytes)
             hits = await service.search(SearchRequest.parse(payload, max_chars), door="rest")
+        except _HttpError as exc:
+            return _error(exc.status, str(exc))
         except BadRequest as exc:
             return _error(422, str(exc))
         except QueryTimeout as exc:
             return _error(504, str(exc))
-        return JSONResponse(to_response(hits).model_dump())
+        return JSONResponse(respond(hits).model_dump())
+
+    @server.custom_route("/search_nfcorpus", methods=["POST"])
+    async def rest_search_nfcorpus(request: Request) -> Response:
+        return await searched(request, to_response)
+
+    @server.custom_route("/search", methods=["POST"])
+    async def rest_search(request: Request) -> Response:
+        return await searched(request, to_chunks)
+
+    @server.custom_route("/documents", methods=["POST"])
+    async def post_document(request: Request) -> Response:
+        try:
+            payload = await _json_body(request, service.settings.max_body_bytes)
+            ack = await service.upsert(payload, wait=_waits(request))
+        except _HttpError as exc:
+            return _error(exc.status, str(exc))
+        except BadRequest as exc:
+            return _error(422, str(exc))
+        except ReadOnly as exc:
+            return _error(405, str(exc))
+        return JSONResponse(ack, status_code=200 if ack["replaced"] else 201)
+
+    @server.custom_route("/documents/{document_id:path}", methods=["GET", "DELETE"])
+    async def one_document(request: Request) -> Response:
+        document_id = request.path_params["document_id"]
+        try:
+            if request.method == "GET":
+                return JSONResponse(await service.document(document_id))
+            return JSONResponse(await service.delete(document_id, wait=_waits(request)))
+        except DocumentNotFound:
+            return _error(404, f"no document {document_id!r}")
+        except ReadOnly as exc:
+            return _error(405, str(exc))
+
+    settings = service.settings
+    door = ProtocolDoor(
+        service.router,
+        load_keys(settings.agent_keys, settings.agent_rate),
+        settings.agent_rate,
+        settings.max_message_bytes,
+        settings.max_body_bytes,
+    )
+    for route in door.routes():
+        server.custom_route(route.path, methods=sorted(route.methods - {"HEAD"}))(route.endpoint)
 
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> Response:
-        return JSONResponse(service.health())
+        return JSONResponse({**service.health(), "agent_protocol": door.describe()})
 
     @server.custom_route("/metrics", methods=["GET"])
     async def metrics(request: Request) -> Response:
@@ -89,6 +208,33 @@ def build_mcp_server(service: SearchService) -> MCPServer:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+class _HttpError(ValueError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _json_body(request: Request, limit: int) -> object:
+    """The body as JSON: 413 past ``limit`` bytes (read no further), 400 when it is not JSON."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _HttpError(413, f"body is {int(declared):,} bytes; the limit is {limit:,}")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise _HttpError(413, f"body is over the limit of {limit:,} bytes")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise _HttpError(400, "body must be JSON (UTF-8)") from None
+
+
+def _waits(request: Request) -> bool:
+    """``?refresh=wait_for`` (as Elasticsearch spells it): answer once the change is searchable."""
+    return request.query_params.get("refresh") in ("wait_for", "true")
 
 
 def run_stdio(settings) -> None:

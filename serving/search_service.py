@@ -9,8 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import ValidationError
 
+from agents.system import build_router
+from agents.traces import TraceStore
 from engine.config import Settings
+from engine.documents import DocumentIn, Filters
+from engine.live import DocumentNotFound
 from engine.pipeline import Hit, HybridEngine
 
 log = logging.getLogger(__name__)
@@ -25,16 +30,41 @@ class QueryTimeout(TimeoutError):
     """The query ran past the configured limit."""
 
 
+class ReadOnly(PermissionError):
+    """This server was started without writes."""
+
+
+def problems(exc: ValidationError) -> str:
+    """A pydantic error as one line naming each field: what a 422 says."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+
+
 @dataclass(frozen=True)
 class SearchRequest:
     query: str
     top_k: int = 5
+    filters: Filters | None = None
+    similarity_threshold: float | None = None
 
     @classmethod
     def parse(cls, payload: object, max_chars: int) -> SearchRequest:
-        """Validate ``{"query": str, "top_k": int}`` from any front door."""
+        """Validate ``{"query": str, "top_k": int, "filters"?: {...}, "similarity_threshold"?: 0..1}``
+        from any front door."""
         if not isinstance(payload, dict):
             raise BadRequest('expected a JSON object like {"query": "...", "top_k": 5}')
+        filters = payload.get("filters")
+        if filters is not None:
+            if not isinstance(filters, dict):
+                raise BadRequest('\'filters\' must be an object, e.g. {"document_types": ["guideline"]}')
+            try:
+                filters = Filters.model_validate(filters)
+            except ValidationError as exc:
+                raise BadRequest(f"filters.{problems(exc)}") from None
+        threshold = payload.get("similarity_threshold")
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1
+        ):
+            raise BadRequest(f"'similarity_threshold' must be a number from 0 to 1, got {threshold!r}")
         query = payload.get("query")
         if not isinstance(query, str) or not query.strip():
             raise BadRequest("'query' must be a non-empty string")
@@ -45,16 +75,20 @@ class SearchRequest:
             top_k = int(top_k)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
             raise BadRequest(f"'top_k' must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
-        return cls(query.strip(), top_k)
+        return cls(query.strip(), top_k, filters, None if threshold is None else float(threshold))
 
 
 class SearchService:
     """One loaded engine shared by all requests; CPU and GPU work runs off the event loop."""
 
-    def __init__(self, settings: Settings, engine: HybridEngine | None = None, workers: int = 4) -> None:
+    def __init__(
+        self, settings: Settings, engine: HybridEngine | None = None, workers: int = 4, writable: bool = False
+    ) -> None:
         self.settings = settings
         started = time.perf_counter()
-        self.engine = engine or HybridEngine(settings)
+        self.engine = engine or HybridEngine(settings, writable=writable)
+        traces = TraceStore(settings.trace_db, settings.trace_max_age_days, settings.trace_max_messages)
+        self.router = build_router(self.engine, traces, settings.query_timeout_s)
         self.load_seconds = time.perf_counter() - started
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
         self.registry = CollectorRegistry()
@@ -83,10 +117,41 @@ class SearchService:
             raise
 
     def _timed_search(self, request: SearchRequest) -> list[Hit]:
-        result = self.engine.stages(request.query, request.top_k)
+        result = self.engine.stages(request.query, request.top_k, filters=request.filters)
         for stage, seconds in result.seconds.items():
             self.latency.labels(stage).observe(seconds)
-        return self.engine.hits(result, request.top_k)
+        return self.engine.hits(result, request.top_k, request.similarity_threshold)
+
+    # documents
+    def _live(self):
+        if self.engine.live is None:
+            raise ReadOnly("this server serves a read-only index (started without writes)")
+        return self.engine.live
+
+    async def upsert(self, payload: object, wait: bool = False) -> dict:
+        """Validate and log a document (DOCUMENT_INGESTION's shape); BadRequest names the field."""
+        if not isinstance(payload, dict):
+            raise BadRequest(
+                'expected a JSON object like {"document_id": "...", "chunks": [{"chunk_id": ..., "content": ...}]}'
+            )
+        try:
+            document = DocumentIn.model_validate(payload)
+        except ValidationError as exc:
+            raise BadRequest(problems(exc)) from None
+        live = self._live()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, live.upsert, document, wait)
+
+    async def delete(self, document_id: str, wait: bool = False) -> dict:
+        live = self._live()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, live.delete, document_id, wait)
+
+    async def document(self, document_id: str) -> dict:
+        engine = self.engine
+        get = engine.live.document if engine.live is not None else engine.store.document
+        found = await asyncio.get_running_loop().run_in_executor(self._pool, get, document_id)
+        if found is None:
+            raise DocumentNotFound(document_id)
+        return found
 
     def health(self) -> dict:
         engine = self.engine
@@ -94,7 +159,9 @@ class SearchService:
             "status": "ok",
             "index_loaded": True,
             "index_dir": str(self.settings.index_dir),
-            "documents": engine.manifest.documents,
+            "documents": engine.store.count(),
+            "writable": engine.live is not None,
+            **({"live": engine.live.status()} if engine.live is not None else {}),
             "device": engine.device,
             "encoder": engine.manifest.encoder,
             **engine.describe(),
@@ -103,4 +170,7 @@ class SearchService:
         }
 
     def close(self) -> None:
+        """Stop taking work and checkpoint the index (a writable one replays nothing at next start)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.router.traces.close()
+        self.engine.close()

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,6 +26,8 @@ TOPICS = {
     "meat": "processed meat nitrites colorectal cancer",
     "berries": "blueberries anthocyanins memory cognition aging",
 }
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "serving.cli"]
 FILLER = "this study examined participants in a randomized trial and reported outcomes over several years"
 
 
@@ -96,3 +102,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_server(args: list[str], health_url: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(CLI + args, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(health_url, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server did not come up:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.terminate()
+    return proc.wait(timeout=30)

@@ -82,7 +82,7 @@ def test_reranker_order_is_respected(index_dir, reranker_dir):
     result = engine.stages("coffee and liver enzymes", top_k=6)
     head = [d for d, _ in result.fused[:6]]
     assert sorted(d for d, _ in result.reranked) == sorted(head)
-    direct = engine.reranker.score("coffee and liver enzymes", [engine.docs[d].contents for d in head])
+    direct = engine.reranker.score("coffee and liver enzymes", engine.rerank_passages("", head, 0))
     expected = [d for _, d in sorted(zip(direct, head, strict=True), key=lambda p: -p[0])]
     assert [d for d, _ in result.reranked] == expected
     hits = engine.hits(result, 6)
@@ -104,7 +104,7 @@ def test_evaluation_reranks_every_stage_head(index_dir, reranker_dir, beir_dir):
     for stage in stages:
         for qid, text in queries.items():
             plain, reranked = runs[stage][qid], runs[f"{stage}+rerank"][qid]
-            scores = engine.reranker.score(text, [engine.docs[d].contents for d in plain[:4]])
+            scores = engine.reranker.score(text, engine.rerank_passages(text, plain[:4], 0))
             assert reranked[:4] == [plain[i] for i in sorted(range(4), key=lambda i: (-scores[i], i))]
             assert reranked[4:] == plain[4:]
 
@@ -112,7 +112,7 @@ def test_evaluation_reranks_every_stage_head(index_dir, reranker_dir, beir_dir):
 def test_onnx_runtime_scores_like_torch(reranker_dir, engine):
     import numpy as np
 
-    docs = [d.contents for d in engine.docs.values()]
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
     query = "coffee and liver enzymes"
     torch_scores = Reranker(reranker_dir, "cpu", max_length=64, runtime="torch").score(query, docs)
     onnx = Reranker(reranker_dir, "cpu", max_length=64, runtime="onnx")
@@ -196,8 +196,8 @@ def test_memory_aware_reranker_reads_the_memory_context(index_dir, reranker_dir,
     passages = engine.rerank_passages(query, ["D-soy-0", "D-coffee-3"], 3)
     # the tiny dataset's training query "prostate and cancer effects" judged D-soy-0; nothing judged D-coffee-3
     assert passages == [
-        f"cited for: prostate and cancer effects. {engine.docs['D-soy-0'].contents}",
-        f"cited for: none. {engine.docs['D-coffee-3'].contents}",
+        f"cited for: prostate and cancer effects. {engine.store.chunks(['D-soy-0'])['D-soy-0'].contents}",
+        f"cited for: none. {engine.store.chunks(['D-coffee-3'])['D-coffee-3'].contents}",
     ]
     result = engine.stages(query, top_k=4)
     head = [d for d, _ in result.fused[:4]]

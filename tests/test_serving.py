@@ -9,44 +9,20 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port, start_server, stop_server
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "serving.cli"]
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
-
-
-def _start(args: list[str], health_url: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(CLI + args, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(health_url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server did not come up:\n{log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    proc.terminate()
-    return proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def server(index_dir, tmp_path_factory):
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
-    proc = _start(
+    proc = start_server(
         [
             "serve",
             "--index-dir",
@@ -71,7 +47,7 @@ def server(index_dir, tmp_path_factory):
         except httpx.HTTPError:
             time.sleep(0.5)
     yield {"mcp": f"http://127.0.0.1:{mcp_port}", "a2a": f"http://127.0.0.1:{a2a_port}", "log": log, "proc": proc}
-    assert _stop(proc) == 0, "SIGTERM must shut the server down cleanly"
+    assert stop_server(proc) == 0, "SIGTERM must shut the server down cleanly"
     assert "Traceback" not in log.read_text()
 
 
@@ -242,6 +218,8 @@ def test_a2a_v1_client_text_and_data_parts(server):
     assert len(ids) == 4 and len(set(ids)) == 4 and "D-broccoli-3" in ids
     ids = _only_doc_ids(_a2a_v1(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
     assert len(ids) == 5 and ids[0].startswith("D-arsenic")
+    narrowed = {"query": "arsenic in rice", "top_k": 5, "filters": {"document_ids": ["D-soy-1", "D-meat-2"]}}
+    assert sorted(_only_doc_ids(_a2a_v1(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
 
 
 @pytest.mark.parametrize(
@@ -253,6 +231,7 @@ def test_a2a_v1_client_text_and_data_parts(server):
         (json.dumps({"query": "x", "top_k": 101}), "'top_k' must be an integer from 1 to 100"),
         (json.dumps({"query": "x", "top_k": 2.5}), "'top_k' must be an integer"),
         (json.dumps({"query": "x" * 5000}), "the limit is 4000"),
+        (json.dumps({"query": "x", "filters": {"date_range": "2020"}}), "filters.date_range"),
     ],
 )
 def test_a2a_bad_input_fails_the_task_with_a_reason(server, text, message):
@@ -314,7 +293,7 @@ def test_a2a_v03_sdk_client_parses_reply_like_the_evaluator(server, engine):
 
 def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
     port = free_port()
-    proc = _start(
+    proc = start_server(
         ["serve", "--no-mcp", "--a2a-port", str(port), "--mcp-url", server["mcp"] + "/mcp"],
         f"http://127.0.0.1:{port}/",
         tmp_path / "relay.log",
@@ -327,7 +306,7 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
         direct = _only_doc_ids(_a2a_v1(server["a2a"], [Part(text=payload)]))
         assert relayed == direct and len(relayed) == 4
     finally:
-        assert _stop(proc) == 0
+        assert stop_server(proc) == 0
 
 
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):

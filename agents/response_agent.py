@@ -1,0 +1,38 @@
+"""LLMResponseAgent: RESPONSE_REQUEST in, RESPONSE_RESULT out, answered by the shared responder."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import BaseModel
+
+from agents.messages import Message, ResponseRequest, ResponseResult
+from agents.responder import ExtractiveResponder, Source
+
+
+class LLMResponseAgent:
+    agent_id = "LLMResponseAgent"
+    agent_type = "response"
+    message_types = {"RESPONSE_REQUEST"}
+    capabilities = ["extractive-answers", "citations", "follow-up-questions"]
+
+    def __init__(self, responder: ExtractiveResponder) -> None:
+        self.responder = responder
+
+    async def handle(self, message: Message, payload: BaseModel) -> tuple[str, BaseModel]:
+        request: ResponseRequest = payload  # type: ignore[assignment]
+        previous = next((t.content for t in reversed(request.conversation_history) if t.role == "user"), None)
+        answer = await asyncio.to_thread(
+            self.responder.answer,
+            request.user_query,
+            [Source(c.content, c.source) for c in request.context_chunks],
+            previous,
+            request.generation_params.max_tokens,
+        )
+        return "RESPONSE_RESULT", ResponseResult(
+            response=answer.text,
+            source_documents=answer.sources,
+            confidence_score=answer.confidence,
+            tokens_used=answer.tokens,
+            generation_time_ms=round(answer.seconds * 1000, 2),
+        )

@@ -1,0 +1,195 @@
+"""The router: validate a message, hand it to its receiver, store both, answer with the reply.
+
+Every failure is an ERROR_MESSAGE with a code from the protocol's table, never a stack trace. A
+failure whose code says ``retry_possible`` is retried with bounded exponential backoff before it
+is returned. Each agent's counters (messages, errors, mean time, last heartbeat) feed its health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from agents.messages import ERRORS, PAYLOADS, ErrorCode, ErrorPayload, Message, OriginalRequest
+from agents.traces import TraceStore
+
+log = logging.getLogger(__name__)
+ROUTER_ID = "Router"
+
+
+class AgentError(Exception):
+    """What an agent raises to answer with an ERROR_MESSAGE of ``code``."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Agent(Protocol):
+    agent_id: str
+    agent_type: str
+    capabilities: list[str]
+    message_types: set[str]
+
+    async def handle(self, message: Message, payload: BaseModel) -> tuple[str, BaseModel]:
+        """The reply's type and payload for a validated message."""
+        ...
+
+
+@dataclass
+class AgentStats:
+    processed: int = 0
+    errors: int = 0
+    total_ms: float = 0.0
+    last_heartbeat: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def health(self, agent: Agent) -> dict[str, Any]:
+        return {
+            "agent_id": agent.agent_id,
+            "agent_type": agent.agent_type,
+            "status": "healthy" if self.error_rate < 0.5 or self.processed < 4 else "degraded",
+            "last_heartbeat": self.last_heartbeat.isoformat(),
+            "messages_processed": self.processed,
+            "average_response_time_ms": round(self.total_ms / self.processed, 2) if self.processed else 0.0,
+            "error_rate": round(self.error_rate, 4),
+            "capabilities": agent.capabilities,
+            "message_types": sorted(agent.message_types),
+        }
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.processed if self.processed else 0.0
+
+
+class Router:
+    def __init__(self, traces: TraceStore, retries: int = 2, backoff_s: float = 0.05, timeout_s: float = 30.0) -> None:
+        self.traces = traces
+        self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
+        self.agents: dict[str, Agent] = {}
+        self.stats: dict[str, AgentStats] = {}
+
+    def register(self, agent: Agent) -> None:
+        self.agents[agent.agent_id] = agent
+        self.stats[agent.agent_id] = AgentStats()
+
+    def health(self, agent_id: str) -> dict[str, Any] | None:
+        agent = self.agents.get(agent_id)
+        return None if agent is None else self.stats[agent_id].health(agent)
+
+    def error(
+        self, code: ErrorCode, text: str, original: dict | Message, trace_id: str | None = None, to: str | None = None
+    ) -> Message:
+        """An ERROR_MESSAGE from the router about ``original`` (a Message or what was sent)."""
+        raw = original.model_dump() if isinstance(original, Message) else original
+        kind = raw.get("type") if isinstance(raw.get("type"), str) else "unknown"
+        trace = trace_id or (raw.get("trace_id") if isinstance(raw.get("trace_id"), str) else None)
+        trace = trace or self.traces.new_trace_id("ERROR_MESSAGE")
+        retry, action = ERRORS[code]
+        payload = ErrorPayload(
+            error_code=code,
+            error_message=text,
+            original_request=OriginalRequest(type=kind, trace_id=trace),
+            retry_possible=retry,
+            suggested_action=action,
+        )
+        sender = (
+            raw.get("receiver")
+            if isinstance(raw.get("receiver"), str) and raw["receiver"] in self.agents
+            else ROUTER_ID
+        )
+        receiver = to or (raw.get("sender") if isinstance(raw.get("sender"), str) else "unknown")
+        return Message(
+            type="ERROR_MESSAGE",
+            sender=sender,
+            receiver=receiver[:128] or "unknown",
+            trace_id=trace,
+            payload=payload.model_dump(mode="json"),
+        )
+
+    def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
+        """An error about a message that never reached an agent, stored with what was sent."""
+        reply = self.error(code, text, raw if isinstance(raw, dict) else {})
+        self.traces.add(reply, outcome=code.value)
+        return reply
+
+    async def send(self, raw: dict | Message) -> Message:
+        """Route one message and return the reply (an ERROR_MESSAGE when anything fails)."""
+        started = time.perf_counter()
+        try:
+            message = raw if isinstance(raw, Message) else Message.model_validate(raw)
+        except ValidationError as exc:
+            return self.refuse(ErrorCode.INVALID_MESSAGE, _problems(exc), raw)
+        if message.trace_id is None:
+            conversation = message.metadata.get("conversation_id")
+            message.trace_id = self.traces.new_trace_id(
+                message.type, conversation if isinstance(conversation, str) else None
+            )
+        model = PAYLOADS.get(message.type)
+        agent = self.agents.get(message.receiver)
+        problem = None
+        if model is None:
+            problem = (
+                ErrorCode.UNKNOWN_MESSAGE_TYPE,
+                f"unknown message type {message.type!r}; known: {sorted(PAYLOADS)}",
+            )
+        elif agent is None:
+            problem = (ErrorCode.UNKNOWN_RECEIVER, f"no agent {message.receiver!r}; agents: {sorted(self.agents)}")
+        elif message.type not in agent.message_types:
+            problem = (
+                ErrorCode.UNKNOWN_MESSAGE_TYPE,
+                f"{agent.agent_id} does not handle {message.type}; it handles {sorted(agent.message_types)}",
+            )
+        if problem is None:
+            try:
+                payload = model.model_validate(message.payload)
+            except ValidationError as exc:
+                problem = (ErrorCode.INVALID_MESSAGE, f"payload: {_problems(exc)}")
+        self.traces.add(message, outcome="received" if problem is None else problem[0].value)
+        if problem is not None:
+            reply = self.error(*problem, message)
+            self.traces.add(reply, outcome=problem[0].value)
+            return reply
+        reply = await self._deliver(agent, message, payload)
+        elapsed = (time.perf_counter() - started) * 1000
+        stats = self.stats[agent.agent_id]
+        stats.processed += 1
+        stats.errors += reply.type == "ERROR_MESSAGE"
+        stats.total_ms += elapsed
+        stats.last_heartbeat = datetime.now(UTC)
+        self.traces.add(
+            reply, outcome="ok" if reply.type != "ERROR_MESSAGE" else reply.payload["error_code"], duration_ms=elapsed
+        )
+        return reply
+
+    async def _deliver(self, agent: Agent, message: Message, payload: BaseModel) -> Message:
+        for attempt in range(self.retries + 1):
+            try:
+                kind, body = await asyncio.wait_for(agent.handle(message, payload), timeout=self.timeout_s)
+                return Message(
+                    type=kind,
+                    sender=agent.agent_id,
+                    receiver=message.sender,
+                    trace_id=message.trace_id,
+                    payload=body.model_dump(mode="json"),
+                )
+            except TimeoutError:
+                failure = AgentError(ErrorCode.TIMEOUT, f"{agent.agent_id} took longer than {self.timeout_s:g} s")
+            except AgentError as exc:
+                failure = exc
+            except Exception as exc:  # an agent's bug must come back as an error message, not a crash
+                log.exception("agent %s failed on %s", agent.agent_id, message.trace_id)
+                failure = AgentError(ErrorCode.INTERNAL, f"{agent.agent_id} failed: {type(exc).__name__}")
+            if not ERRORS[failure.code][0] or attempt == self.retries:
+                break
+            await asyncio.sleep(self.backoff_s * 2**attempt)
+        return self.error(failure.code, str(failure), message, message.trace_id)
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors())

@@ -1,0 +1,169 @@
+"""Stored traces: every message the router saw, masked, in SQLite (WAL mode).
+
+Trace ids are ``<prefix>-<YYYYMMDD>-<seq>`` (``ing``, ``ret``, ``llm``, ``err``, ``sys``) when the
+sender gives none; the messages of one conversation share a base and carry suffixes
+(``ret-rag-conversation-123-002``). Payloads are masked before they are stored: e-mail
+addresses, phone numbers, bearer tokens and API keys, and any configured pattern.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from agents.messages import Message
+
+PREFIXES = {
+    "DOCUMENT_INGESTION": "ing",
+    "INGESTION_ACK": "ing",
+    "RETRIEVAL_REQUEST": "ret",
+    "RETRIEVAL_RESULT": "ret",
+    "RESPONSE_REQUEST": "llm",
+    "RESPONSE_RESULT": "llm",
+    "ERROR_MESSAGE": "err",
+    "RAG": "rag",
+}
+_MASKS = [
+    re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+"),  # e-mail
+    re.compile(r"(?<!\w)\+?\d[\d\s().-]{7,}\d(?!\w)"),  # phone numbers
+    re.compile(r"(?i)\bbearer\s+[\w.~+/=-]+"),  # bearer tokens
+    re.compile(r"\b(?:hsk|sk|pk|api|key|tok)[-_][A-Za-z0-9_-]{12,}"),  # API keys and tokens
+]
+_FAILED = "outcome NOT IN ('ok', 'received') OR type = 'ERROR_MESSAGE'"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY, trace_id TEXT NOT NULL, type TEXT NOT NULL, sender TEXT NOT NULL,
+    receiver TEXT NOT NULL, timestamp TEXT NOT NULL, duration_ms REAL, outcome TEXT NOT NULL, body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_trace ON messages(trace_id);
+CREATE TABLE IF NOT EXISTS counters (day TEXT NOT NULL, prefix TEXT NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (day, prefix));
+"""
+
+
+class Masker:
+    """Replaces secrets and personal data in any JSON-like value with ``[masked]``."""
+
+    def __init__(self, patterns: list[str] | None = None) -> None:
+        self.patterns = _MASKS + [re.compile(p) for p in patterns or []]
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for pattern in self.patterns:
+                value = pattern.sub("[masked]", value)
+            return value
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self(v) for v in value]
+        return value
+
+
+class TraceStore:
+    """Append and read messages; keeps at most ``max_messages`` and nothing older than ``max_age_days``."""
+
+    def __init__(
+        self, path: Path, max_age_days: float = 7, max_messages: int = 100_000, masker: Masker | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_age, self.max_messages = timedelta(days=max_age_days), max_messages
+        self.mask = masker or Masker()
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.executescript(_SCHEMA)
+        self._since_prune = 0
+
+    def new_trace_id(self, message_type: str, conversation: str | None = None) -> str:
+        """``<prefix>-<YYYYMMDD>-<seq>``, or ``<prefix>-<conversation>-<seq>`` within one conversation."""
+        prefix = PREFIXES.get(message_type, "sys")
+        scope = conversation or datetime.now(UTC).strftime("%Y%m%d")
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(
+                "INSERT INTO counters VALUES (?, ?, 1) ON CONFLICT(day, prefix) DO UPDATE SET seq = seq + 1",
+                (scope, prefix),
+            )
+            seq = self._conn.execute(
+                "SELECT seq FROM counters WHERE day = ? AND prefix = ?", (scope, prefix)
+            ).fetchone()[0]
+            self._conn.execute("COMMIT")
+        return f"{prefix}-{scope}-{seq:03d}" if conversation else f"{prefix}-{scope}-{seq:06d}"
+
+    def add(self, message: Message, outcome: str, duration_ms: float | None = None) -> None:
+        body = self.mask(message.model_dump(mode="json"))
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO messages (trace_id, type, sender, receiver, timestamp, duration_ms, outcome, body)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    message.trace_id,
+                    message.type,
+                    message.sender,
+                    message.receiver,
+                    body["timestamp"],
+                    duration_ms,
+                    outcome,
+                    json.dumps(body),
+                ),
+            )
+            self._since_prune += 1
+            if self._since_prune >= 100:
+                self._prune()
+
+    def _prune(self) -> None:
+        self._since_prune = 0
+        cutoff = (datetime.now(UTC) - self.max_age).isoformat()
+        self._conn.execute("DELETE FROM messages WHERE timestamp < ?", (cutoff,))
+        self._conn.execute("DELETE FROM messages WHERE id <= (SELECT max(id) FROM messages) - ?", (self.max_messages,))
+
+    def recent(
+        self, limit: int = 50, agent: str | None = None, type_: str | None = None, errors: bool = False
+    ) -> list[dict]:
+        """The newest traces (one row each: first message, count, outcome, span)."""
+        where, args = [], []
+        if agent:
+            where.append("(sender = ? OR receiver = ?)")
+            args += [agent, agent]
+        if type_:
+            where.append("type = ?")
+            args.append(type_)
+        if errors:
+            where.append(f"({_FAILED})")
+        clause = f"WHERE trace_id IN (SELECT trace_id FROM messages WHERE {' AND '.join(where)})" if where else ""
+        rows = self._conn.execute(
+            f"SELECT trace_id, min(timestamp), max(timestamp), count(*), max(id),"
+            f" sum({_FAILED}), group_concat(type, ' > ')"
+            f" FROM messages {clause} GROUP BY trace_id ORDER BY max(id) DESC LIMIT ?",
+            [*args, limit],
+        ).fetchall()
+        return [
+            {"trace_id": t, "started": a, "ended": b, "messages": n, "errors": e, "types": types}
+            for t, a, b, n, _, e, types in rows
+        ]
+
+    def trace(self, trace_id: str) -> list[dict]:
+        """Every message of a trace in order, with its outcome and duration; a conversation's id
+        gives every trace of that conversation (``ret-<id>-001``, ``llm-<id>-001``, ...)."""
+        pattern = "%-" + trace_id.replace("%", "").replace("_", "\\_") + "-%"
+        rows = self._conn.execute(
+            "SELECT body, outcome, duration_ms FROM messages WHERE trace_id = ? OR trace_id LIKE ? ESCAPE '\\'"
+            " ORDER BY id",
+            (trace_id, pattern),
+        ).fetchall()
+        return [{**json.loads(body), "outcome": o, "duration_ms": d} for body, o, d in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+def now_ms() -> float:
+    return time.perf_counter() * 1000

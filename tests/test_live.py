@@ -1,0 +1,405 @@
+"""Live documents: real Lucene, FAISS and SQLite under a real server, its HTTP and MCP doors, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT, free_port, start_server, stop_server
+
+
+@pytest.fixture
+def live_dir(index_dir, tmp_path):
+    """A private copy of the built index, so writes never reach other tests."""
+    target = tmp_path / "live"
+    shutil.copytree(index_dir, target)
+    return target
+
+
+def _doc(doc_id: str, text: str, **metadata) -> dict:
+    return {
+        "document_id": doc_id,
+        "document_name": f"{doc_id}.txt",
+        "metadata": metadata,
+        "chunks": [{"chunk_id": "c1", "content": text}, {"chunk_id": "c2", "content": f"{text} continued"}],
+    }
+
+
+@pytest.fixture(scope="module")
+def live_server(index_dir, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("live-server")
+    live_dir = tmp_path / "live"
+    shutil.copytree(index_dir, live_dir)
+    port = free_port()
+    args = ["serve", "--index-dir", str(live_dir), "--mcp-port", str(port), "--no-a2a", "--device", "cpu"]
+    args += ["--mcp-writes", "--max-body-bytes", "20000", "--refresh-interval", "0.2"]
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+    yield {"url": f"http://127.0.0.1:{port}", "proc": proc, "dir": live_dir, "log": tmp_path / "serve.log"}
+    if proc.poll() is None:
+        assert stop_server(proc) == 0
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+# ---------------------------------------------------------------- the log itself
+
+
+def test_a_torn_tail_is_cut_and_whole_records_survive(tmp_path, caplog):
+    from engine.wal import WriteAheadLog
+
+    wal = WriteAheadLog(tmp_path / "wal.log")
+    for seq in (1, 2, 3):
+        wal.append({"seq": seq, "op": "delete", "document_id": f"d{seq}", "old_rows": []})
+    wal.close()
+    whole = (tmp_path / "wal.log").stat().st_size
+    with open(tmp_path / "wal.log", "ab") as fh:
+        fh.write(b"\x40\x00\x00\x00garbage")  # a record header promising 64 bytes, then a crash
+    wal = WriteAheadLog(tmp_path / "wal.log")
+    assert [r["seq"] for r in wal.records()] == [1, 2, 3]
+    assert (tmp_path / "wal.log").stat().st_size == whole
+    assert "torn tail" in caplog.text
+    wal.close()
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
+    from engine.config import Settings
+    from engine.documents import DocumentIn, Filters
+    from engine.pipeline import HybridEngine
+
+    engine = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
+    try:
+        for i in range(40):
+            kind = "rare" if i < 4 else "common"
+            body = "kiwi orchard pruning" if kind == "rare" else "vitamin D supplements bone density falls"
+            engine.live.upsert(DocumentIn.model_validate(_doc(f"n{i}", f"{body} note {i}", document_type=kind)))
+        engine.live.refresh()
+        # the query favours the 36 common notes and the corpus; the rare ones still fill top_k
+        hits = engine.search("vitamin D supplements falls", 4, Filters(document_types=["rare"]))
+        assert len(hits) == 4 and {h.metadata["document_type"] for h in hits} == {"rare"}
+        by_id = engine.search("kiwi orchard", 8, Filters(document_ids=["n1", "n2"]))
+        assert {h.document_id for h in by_id} == {"n1", "n2"} and len(by_id) == 4
+        assert engine.search("kiwi orchard", 5, Filters(document_types=["none-such"])) == []
+
+        engine.live.delete("n1", wait=True)
+        for query in ("kiwi orchard pruning note 1", "vitamin D supplements bone density falls"):
+            assert all(h.document_id != "n1" for h in engine.search(query, 50))
+        # a corpus document the judgment memory votes for stays gone once deleted
+        memory_pick = engine.stages("calcium and density effects", 5).memory[0][0]
+        engine.live.delete(memory_pick, wait=True)
+        result = engine.stages("calcium and density effects", 5)
+        assert memory_pick not in {d for d, _ in result.memory + result.fused}
+    finally:
+        engine.close()
+    reopened = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    assert reopened.store.document("n1") is None and reopened.store.document("n2") is not None
+    reopened.close()
+
+
+def test_similarity_threshold_reads_the_calibrated_probability(engine):
+    hits = engine.search("soy isoflavones prostate", 10)
+    scores = [h.similarity_score for h in hits]
+    assert all(0 <= s <= 1 for s in scores) and engine.fusion.calibration is not None
+    cut = sorted(scores)[len(scores) // 2]
+    kept = engine.search("soy isoflavones prostate", 10, similarity_threshold=cut)
+    assert [h.doc_id for h in kept] == [h.doc_id for h in hits if h.similarity_score >= cut]
+    assert engine.search("soy isoflavones prostate", 10, similarity_threshold=1.0) == []
+
+
+def test_a_read_only_engine_refuses_unsettled_writes(live_dir):
+    from engine.config import Settings
+    from engine.documents import DocumentIn
+    from engine.index_dir import IndexDirError
+    from engine.pipeline import HybridEngine
+
+    writer = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
+    writer.live.upsert(DocumentIn.model_validate(_doc("w1", "walnuts and omega-3")), wait=True)
+    with pytest.raises(IndexDirError, match="another process writes this index"):
+        HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
+    with pytest.raises(IndexDirError, match="compact"):
+        HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    writer.close()
+    reader = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    assert reader.search("walnuts omega-3", 1)[0].document_id == "w1"
+    reader.close()
+
+
+# ---------------------------------------------------------------- HTTP and MCP
+
+
+def test_documents_over_http(live_server):
+    url = live_server["url"]
+    created = httpx.post(f"{url}/documents?refresh=wait_for", json=_doc("g1", "quinoa saponins bitterness"))
+    assert created.status_code == 201 and created.json()["chunks"] == 2
+    found = httpx.post(f"{url}/search", json={"query": "quinoa saponins", "top_k": 2}).json()["results"]
+    assert sorted(r["doc_id"] for r in found) == ["g1#c1", "g1#c2"]
+    assert found[0]["source_document"] == "g1.txt" and 0 <= found[0]["similarity_score"] <= 1
+    again = httpx.post(
+        f"{url}/documents?refresh=wait_for",
+        json={**_doc("g1", "amaranth grain"), "chunks": [{"chunk_id": "only", "content": "amaranth grain protein"}]},
+    )
+    assert again.status_code == 200 and again.json()["replaced"] is True
+    got = httpx.get(f"{url}/documents/g1").json()
+    assert [c["chunk_id"] for c in got["chunks"]] == ["only"]
+    results = httpx.post(f"{url}/search", json={"query": "quinoa saponins", "top_k": 50}).json()["results"]
+    assert not any(r["document_id"] == "g1" and r["chunk_id"] != "only" for r in results)
+    # visible within the refresh interval without waiting
+    httpx.post(f"{url}/documents", json=_doc("g2", "teff injera fermentation")).raise_for_status()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        top = httpx.post(f"{url}/search", json={"query": "teff injera", "top_k": 1}).json()["results"]
+        if top and top[0]["document_id"] == "g2":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("an acknowledged write was not searchable within 10 s")
+    assert httpx.delete(f"{url}/documents/g2?refresh=wait_for").json()["deleted_chunks"] == 2
+    assert httpx.get(f"{url}/documents/g2").status_code == 404
+    assert httpx.delete(f"{url}/documents/g2").status_code == 404
+    health = httpx.get(f"{url}/health").json()
+    assert health["writable"] and health["live"]["seq"] >= 4
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "names"),
+    [
+        (
+            {"document_id": "x", "chunks": [{"chunk_id": "a", "content": "1"}, {"chunk_id": "a", "content": "2"}]},
+            422,
+            "appears twice",
+        ),
+        ({"document_id": "x", "chunks": [{"chunk_id": "a", "content": "   "}]}, 422, "chunks.0.content"),
+        ({"document_id": "x", "chunks": []}, 422, "chunks"),
+        (
+            {"document_id": "x", "metadata": {"date": "yesterday"}, "chunks": [{"chunk_id": "a", "content": "t"}]},
+            422,
+            "metadata.date",
+        ),
+        ({"document_id": "x", "total_chunks": 3, "chunks": [{"chunk_id": "a", "content": "t"}]}, 422, "total_chunks"),
+        ({"chunks": [{"chunk_id": "a", "content": "t"}]}, 422, "document_id"),
+        ({"document_id": "x", "chunks": [{"chunk_id": "a", "content": "t" * 30000}]}, 413, "limit"),
+    ],
+)
+def test_bad_documents_are_refused_whole(live_server, body, status, names):
+    reply = httpx.post(f"{live_server['url']}/documents", json=body)
+    assert reply.status_code == status and names in reply.json()["error"]
+    assert httpx.get(f"{live_server['url']}/documents/x").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("filters", "names"),
+    [
+        ({"date_range": ["2020-02-30", None]}, "date_range"),
+        ({"document_types": "guide"}, "document_types"),
+        ({"page": {"gt": 3}}, "page"),
+        ("guide", "filters"),
+    ],
+)
+def test_bad_filters_are_refused(live_server, filters, names):
+    reply = httpx.post(f"{live_server['url']}/search", json={"query": "soy", "filters": filters})
+    assert reply.status_code == 422 and names in reply.json()["error"]
+
+
+def test_searches_never_fail_while_documents_arrive(live_server):
+    url, errors, searches = live_server["url"], [], [0]
+    stop = threading.Event()
+
+    def search_loop():
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                reply = client.post(f"{url}/search", json={"query": "broccoli sulforaphane", "top_k": 5})
+                searches[0] += 1
+                if reply.status_code != 200 or len(reply.json()["results"]) != 5:
+                    errors.append(reply.text)
+
+    threads = [threading.Thread(target=search_loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    with httpx.Client(timeout=30) as client:
+        for i in range(25):
+            client.post(f"{url}/documents", json=_doc(f"s{i}", f"broccoli sprouts batch {i}")).raise_for_status()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors and searches[0] > 5
+
+
+def test_mcp_search_and_write_tools(live_server):
+    from mcp import Client
+
+    async def run():
+        async with Client(live_server["url"] + "/mcp") as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(tools) >= {"search_nfcorpus", "search", "add_document", "delete_document"}
+            assert set(tools["search_nfcorpus"].input_schema["properties"]) == {"query", "top_k"}
+            added = await client.call_tool(
+                "add_document",
+                {
+                    "document_id": "m1",
+                    "document_name": "Millet",
+                    "metadata": {"document_type": "note"},
+                    "chunks": [{"chunk_id": "p1", "content": "millet porridge", "metadata": {"page": 1}}],
+                },
+            )
+            assert not added.is_error, added.content
+            hits = await client.call_tool("search", {"query": "millet", "top_k": 3, "filters": {"page": 1}})
+            assert [r["doc_id"] for r in hits.structured_content["results"]] == ["m1#p1"]
+            bad = await client.call_tool("search", {"query": "millet", "filters": {"date_range": ["soon", None]}})
+            assert bad.is_error and "date_range" in bad.content[0].text
+            assert not (await client.call_tool("delete_document", {"document_id": "m1"})).is_error
+            gone = await client.call_tool("delete_document", {"document_id": "m1"})
+            assert gone.is_error and "no document" in gone.content[0].text
+
+    asyncio.run(run())
+
+
+# ---------------------------------------------------------------- crashes
+
+
+def test_every_acknowledged_write_survives_sigkill(live_dir, tmp_path):
+    """Five rounds: a client writes (and deletes) while the server is SIGKILLed at a random
+    moment; after each restart every acknowledged document is found by id and by its own text,
+    every acknowledged delete stays deleted, and nothing is half a document."""
+    rng = random.Random(7)
+    acked: dict[str, str] = {}
+    deleted: set[str] = set()
+    port = free_port()
+    args = ["serve", "--index-dir", str(live_dir), "--mcp-port", str(port), "--no-a2a", "--device", "cpu"]
+    health = f"http://127.0.0.1:{port}/health"
+    for round_ in range(5):
+        proc = start_server(args, health, tmp_path / f"serve-{round_}.log")
+        url = f"http://127.0.0.1:{port}"
+        for doc_id, word in acked.items():
+            got = httpx.get(f"{url}/documents/{doc_id}")
+            assert got.status_code == 200 and len(got.json()["chunks"]) == 2, (round_, doc_id)
+            top = httpx.post(f"{url}/search", json={"query": word, "top_k": 1}).json()["results"]
+            assert top[0]["document_id"] == doc_id, (round_, doc_id, top)
+        for doc_id in deleted:
+            assert httpx.get(f"{url}/documents/{doc_id}").status_code == 404
+        killer = threading.Timer(rng.uniform(0.3, 1.5), proc.send_signal, [signal.SIGKILL])
+        killer.start()
+        with httpx.Client(timeout=10) as client:
+            for i in range(1000):
+                doc_id, word = f"r{round_}-{i}", f"zx{round_}q{i}marker"
+                try:
+                    if i % 7 == 6 and acked:
+                        victim = sorted(acked)[0]
+                        if client.delete(f"{url}/documents/{victim}").status_code == 200:
+                            deleted.add(victim)
+                            del acked[victim]
+                        continue
+                    reply = client.post(f"{url}/documents", json=_doc(doc_id, f"{word} chunk"))
+                except httpx.HTTPError:
+                    break  # killed: this write was never acknowledged
+                if reply.status_code == 201:
+                    acked[doc_id] = word
+        proc.wait(timeout=30)
+        killer.cancel()
+    assert len(acked) > 10 and deleted
+    proc = start_server(args, health, tmp_path / "serve-final.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/health").json()["live"]["recovered"]["records"] > 0
+        for doc_id in list(acked)[-5:]:
+            assert httpx.get(f"{url}/documents/{doc_id}").status_code == 200
+    finally:
+        assert stop_server(proc) == 0
+    assert "replayed" in (tmp_path / "serve-final.log").read_text()
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def _pdf(pages: list[str]) -> bytes:
+    """A minimal PDF with one line of text a page."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", None, "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    kids = []
+    for text in pages:
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET"
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {len(objects)} 0 R"
+            " /Resources << /Font << /F1 3 0 R >> >> >>"
+        )
+        kids.append(f"{len(objects)} 0 R")
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    out, offsets = "%PDF-1.4\n", []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
+    return out.encode("latin-1")
+
+
+def test_ingest_files_then_search_from_the_cli(live_dir, tmp_path):
+    (tmp_path / "extra.jsonl").write_text(
+        json.dumps({"_id": "X-1", "title": "Sorghum", "text": "sorghum syrup polyphenols"}) + "\n"
+    )
+    message = {
+        "type": "DOCUMENT_INGESTION",
+        "sender": "IngestionAgent",
+        "receiver": "RetrievalAgent",
+        "payload": {**_doc("msg-1", "chia seeds mucilage"), "embedding_model": "all-MiniLM-L6-v2", "total_chunks": 2},
+    }
+    (tmp_path / "message.json").write_text(json.dumps(message))
+    sentences = " ".join(f"Fermented kimchi sentence {i} describes lactobacillus counts." for i in range(60))
+    (tmp_path / "kimchi.md").write_text(f"# Kimchi\n\n{sentences}\n\n## Storage\n\nKeep kimchi cold.\n")
+    (tmp_path / "notes.txt").write_text("Tempeh is fermented soybean cake. It is rich in protein.")
+    (tmp_path / "leaflet.pdf").write_bytes(_pdf(["Natto has nattokinase.", "Miso is fermented paste."]))
+    (tmp_path / "broken.jsonl").write_text('{"_id": "B-1", "text": "fine"}\n{"_id": oops}\n')
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    files = ["extra.jsonl", "message.json", "kimchi.md", "notes.txt", "leaflet.pdf", "broken.jsonl"]
+    run = subprocess.run(
+        [
+            *CLI,
+            "ingest",
+            *(str(tmp_path / f) for f in files),
+            "--index-dir",
+            str(live_dir),
+            "--device",
+            "cpu",
+            "--chunk-words",
+            "60",
+            "--chunk-overlap-words",
+            "10",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stderr  # one file was bad
+    assert "broken.jsonl:2: not JSON" in run.stderr and "added 5 documents" in run.stdout
+
+    from engine.config import Settings
+    from engine.pipeline import HybridEngine
+
+    engine = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    try:
+        assert engine.store.document("B-1") is None  # nothing of the bad file
+        kimchi = engine.store.document("kimchi")
+        sections = [c["metadata"].get("section") for c in kimchi["chunks"]]
+        assert len(kimchi["chunks"]) >= 4 and sections[0] == "Kimchi" and sections[-1] == "Storage"
+        first, second = kimchi["chunks"][0]["content"], kimchi["chunks"][1]["content"]
+        assert first.split(". ")[-1].rstrip(".") in second  # neighbours share a sentence
+        leaflet = engine.store.document("leaflet")
+        assert [c["metadata"]["page"] for c in leaflet["chunks"]] == [1, 2]
+        assert engine.search("nattokinase", 1)[0].metadata["page"] == 1
+        assert engine.search("chia mucilage", 1)[0].document_id == "msg-1"
+        assert engine.search("sorghum syrup", 1)[0].doc_id == "X-1"
+        assert engine.store.document("msg-1")["embedding_model"] == "all-MiniLM-L6-v2"
+    finally:
+        engine.close()

@@ -1,0 +1,312 @@
+"""The agent message protocol through a real server's /v1 endpoints, keys and limits included,
+and the router in-process for what HTTP cannot provoke (timeouts, retries, crashing agents)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+
+import httpx
+import pytest
+
+from tests.conftest import CLI, ROOT, free_port, start_server, stop_server
+
+KEYS = {
+    "System": "hsk-system-key-0123456789",
+    "IngestionAgent": "hsk-ingest-key-0123456789",
+    "Slowpoke": "hsk-slow-key-0123456789",
+}
+
+
+@pytest.fixture(scope="module")
+def protocol(index_dir, tmp_path_factory):
+    from serving.protocol_routes import hash_key
+
+    tmp = tmp_path_factory.mktemp("protocol")
+    shutil.copytree(index_dir, tmp / "index")
+    types = {
+        "System": ["RETRIEVAL_REQUEST", "RESPONSE_REQUEST"],
+        "IngestionAgent": ["DOCUMENT_INGESTION"],
+        "Slowpoke": ["RETRIEVAL_REQUEST"],
+    }
+    lines = []
+    for agent, key in KEYS.items():
+        lines += [f"[agents.{agent}]", f'key_sha256 = "{hash_key(key)}"', f"message_types = {json.dumps(types[agent])}"]
+        if agent == "Slowpoke":
+            lines.append('rate = "2/minute"')
+    (tmp / "keys.toml").write_text("\n".join(lines) + "\n")
+    port = free_port()
+    args = [
+        "serve",
+        "--index-dir",
+        str(tmp / "index"),
+        "--mcp-port",
+        str(port),
+        "--no-a2a",
+        "--device",
+        "cpu",
+        "--agent-keys",
+        str(tmp / "keys.toml"),
+        "--trace-db",
+        str(tmp / "traces.sqlite"),
+    ]
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp / "serve.log")
+    yield f"http://127.0.0.1:{port}"
+    assert stop_server(proc) == 0
+    assert "Traceback" not in (tmp / "serve.log").read_text()
+
+
+def _send(url: str, message: dict, agent: str | None = "System", **kwargs) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {KEYS[agent]}"} if agent else {}
+    return httpx.post(f"{url}/v1/messages", json=message, headers=headers, timeout=60, **kwargs)
+
+
+def _msg(kind: str, payload: dict, sender: str = "System", receiver: str = "RetrievalAgent", **extra) -> dict:
+    return {"type": kind, "sender": sender, "receiver": receiver, "payload": payload, **extra}
+
+
+def test_each_message_type_round_trips(protocol):
+    found = _send(protocol, _msg("RETRIEVAL_REQUEST", {"query": "soy isoflavones", "top_k": 3}))
+    assert found.status_code == 200
+    reply = found.json()
+    assert reply["type"] == "RETRIEVAL_RESULT" and reply["receiver"] == "System"
+    assert reply["trace_id"].startswith("ret-") and reply["payload"]["total_results"] == 3
+    chunk = reply["payload"]["retrieved_chunks"][0]
+    assert set(chunk) == {"chunk_id", "content", "similarity_score", "source_document", "metadata"}
+
+    doc = {
+        "document_id": "p1",
+        "document_name": "Millet.md",
+        "embedding_model": "text-embedding-3-small",
+        "total_chunks": 1,
+        "chunks": [
+            {
+                "chunk_id": "c1",
+                "content": "millet is a drought tolerant grain",
+                "metadata": {"page": 1, "section": "Intro"},
+            }
+        ],
+    }
+    ack = _send(
+        protocol,
+        _msg("DOCUMENT_INGESTION", doc, sender="IngestionAgent", metadata={"wait": True}),
+        agent="IngestionAgent",
+    ).json()
+    assert ack["type"] == "INGESTION_ACK" and ack["trace_id"].startswith("ing-")
+    assert ack["payload"]["chunks_indexed"] == 1 and ack["payload"]["durable"]
+    assert ack["payload"]["encoder"].endswith("all-MiniLM-L6-v2")
+    assert ack["payload"]["embedding_model_sent"] == "text-embedding-3-small"
+    again = _send(
+        protocol,
+        _msg("RETRIEVAL_REQUEST", {"query": "drought tolerant grain", "top_k": 1, "filters": {"section": "Intro"}}),
+    ).json()
+    assert again["payload"]["retrieved_chunks"][0]["chunk_id"] == "p1#c1"
+
+    asked = _send(
+        protocol,
+        _msg(
+            "RESPONSE_REQUEST",
+            {
+                "user_query": "Which grain tolerates drought?",
+                "context_chunks": [
+                    {
+                        "content": "Rice needs a lot of water. Millet is a drought tolerant grain.",
+                        "source": "Millet.md",
+                    },
+                    {"content": "Coffee contains caffeine.", "source": "c.txt"},
+                ],
+            },
+            receiver="LLMResponseAgent",
+        ),
+    ).json()
+    assert asked["type"] == "RESPONSE_RESULT"
+    payload = asked["payload"]
+    assert "Millet is a drought tolerant grain. [1]" in payload["response"]
+    assert payload["source_documents"][0] == "Millet.md" and payload["tokens_used"] > 10
+    assert 0 <= payload["confidence_score"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("message", "agent", "status", "code", "names"),
+    [
+        (_msg("RETRIEVAL_REQUEST", {"query": "", "top_k": 3}), "System", 422, "INVALID_MESSAGE", "payload: query"),
+        (_msg("RETRIEVAL_REQUEST", {"query": "x", "top_k": 0}), "System", 422, "INVALID_MESSAGE", "top_k"),
+        (
+            {"type": "RETRIEVAL_REQUEST", "sender": "System", "payload": {}},
+            "System",
+            422,
+            "INVALID_MESSAGE",
+            "receiver",
+        ),
+        (_msg("TELEPORT", {}), "System", 403, "FORBIDDEN", "may not send"),
+        (_msg("RETRIEVAL_REQUEST", {"query": "x"}, receiver="Oracle"), "System", 404, "UNKNOWN_RECEIVER", "Oracle"),
+        (
+            _msg("RESPONSE_REQUEST", {"user_query": "x"}, receiver="RetrievalAgent"),
+            "System",
+            422,
+            "UNKNOWN_MESSAGE_TYPE",
+            "does not handle",
+        ),
+        (
+            _msg("RETRIEVAL_REQUEST", {"query": "x"}, sender="IngestionAgent"),
+            "System",
+            403,
+            "FORBIDDEN",
+            "sends as 'System'",
+        ),
+        (_msg("RETRIEVAL_REQUEST", {"query": "x"}), None, 401, "UNAUTHORIZED", "Bearer"),
+    ],
+)
+def test_errors_are_typed_messages(protocol, message, agent, status, code, names):
+    reply = _send(protocol, message, agent)
+    assert reply.status_code == status
+    body = reply.json()
+    assert body["type"] == "ERROR_MESSAGE" and body["payload"]["error_code"] == code
+    assert names in body["payload"]["error_message"] and body["payload"]["suggested_action"]
+    assert body["payload"]["retry_possible"] is False
+
+
+def test_a_key_decides_what_its_agent_may_send(protocol):
+    reply = _send(
+        protocol,
+        _msg("RETRIEVAL_RESULT", {"query": "x", "retrieved_chunks": [], "total_results": 0, "search_duration_ms": 1}),
+        "System",
+    )
+    assert reply.status_code == 403  # System may not send results: keys decide what a sender may send
+
+
+def test_rate_and_size_limits(protocol):
+    replies = [
+        _send(protocol, _msg("RETRIEVAL_REQUEST", {"query": "soy"}, sender="Slowpoke"), "Slowpoke") for _ in range(3)
+    ]
+    assert [r.status_code for r in replies] == [200, 200, 429]
+    assert int(replies[2].headers["Retry-After"]) >= 1
+    assert replies[2].json()["payload"]["retry_possible"] is True
+    big = _msg("RETRIEVAL_REQUEST", {"query": "x" * 300_000})
+    too_big = _send(protocol, big)
+    assert too_big.status_code == 413 and too_big.json()["payload"]["error_code"] == "PAYLOAD_TOO_LARGE"
+    not_json = httpx.post(
+        f"{protocol}/v1/messages", content=b"{nope", headers={"Authorization": f"Bearer {KEYS['System']}"}
+    )
+    assert not_json.status_code == 422 and not_json.json()["payload"]["error_code"] == "INVALID_MESSAGE"
+
+
+def test_a_rag_turn_cites_what_retrieval_returned_under_one_trace(protocol):
+    headers = {"Authorization": f"Bearer {KEYS['System']}"}
+    turn = httpx.post(
+        f"{protocol}/v1/rag",
+        headers=headers,
+        timeout=60,
+        json={"question": "does coffee affect liver enzymes?", "top_k": 3, "conversation_id": "conversation-7"},
+    ).json()
+    kinds = [m["type"] for m in turn["messages"]]
+    assert kinds == ["RETRIEVAL_REQUEST", "RETRIEVAL_RESULT", "RESPONSE_REQUEST", "RESPONSE_RESULT"]
+    retrieved = {c["source_document"] for c in turn["messages"][1]["payload"]["retrieved_chunks"]}
+    cited = turn["messages"][3]["payload"]["source_documents"]
+    assert cited and set(cited) <= retrieved and "[1]" in turn["messages"][3]["payload"]["response"]
+    assert {m["trace_id"] for m in turn["messages"]} == {"ret-conversation-7-001", "llm-conversation-7-001"}
+    stored = httpx.get(f"{protocol}/v1/traces/conversation-7").json()["messages"]
+    assert [m["type"] for m in stored] == kinds and stored[1]["duration_ms"] > 0
+    follow = httpx.post(
+        f"{protocol}/v1/rag",
+        headers=headers,
+        timeout=60,
+        json={
+            "question": "and hepatitis?",
+            "conversation_id": "conversation-7",
+            "conversation_history": [{"role": "user", "content": "does coffee affect liver?"}],
+        },
+    )
+    assert {m["trace_id"] for m in follow.json()["messages"]} == {"ret-conversation-7-002", "llm-conversation-7-002"}
+
+
+def test_traces_are_masked_and_agents_report_health(protocol):
+    secret = _msg("RETRIEVAL_REQUEST", {"query": "mail jane.doe@example.org or call +1 415 555 0100 about soy"})
+    trace_id = _send(protocol, secret).json()["trace_id"]
+    stored = httpx.get(f"{protocol}/v1/traces/{trace_id}").json()["messages"]
+    text = json.dumps(stored)
+    assert "jane.doe" not in text and "555 0100" not in text and "[masked]" in text
+    assert httpx.get(f"{protocol}/v1/traces?errors=true").json()["traces"]  # the refused ones are there
+    agents = {a["agent_id"]: a for a in httpx.get(f"{protocol}/v1/agents").json()["agents"]}
+    retrieval = agents["RetrievalAgent"]
+    assert retrieval["messages_processed"] >= 3 and retrieval["average_response_time_ms"] > 0
+    assert set(retrieval) >= {"status", "last_heartbeat", "error_rate"}
+    assert httpx.get(f"{protocol}/v1/agents/Nobody/health").status_code == 404
+    assert httpx.get(f"{protocol}/health").json()["agent_protocol"]["auth"] == "agent keys"
+
+
+def test_schemas_over_http_and_cli(protocol, tmp_path):
+    served = httpx.get(f"{protocol}/v1/schemas").json()
+    assert {
+        "Message",
+        "DOCUMENT_INGESTION",
+        "RETRIEVAL_REQUEST",
+        "RETRIEVAL_RESULT",
+        "RESPONSE_REQUEST",
+        "RESPONSE_RESULT",
+        "ERROR_MESSAGE",
+        "INGESTION_ACK",
+    } <= set(served)
+    run = subprocess.run([*CLI, "schemas", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0
+    assert json.loads((tmp_path / "RETRIEVAL_REQUEST.schema.json").read_text()) == served["RETRIEVAL_REQUEST"]
+
+
+# ---------------------------------------------------------------- the router in-process
+
+
+class _Flaky:
+    """A custom agent registered through the extension point: fails as told, then answers."""
+
+    agent_type, capabilities, message_types = "test", [], {"RETRIEVAL_REQUEST"}
+
+    def __init__(self, agent_id, failures, code=None, delay=0.0):
+        self.agent_id, self.failures, self.code, self.delay, self.calls = agent_id, failures, code, delay, 0
+
+    async def handle(self, message, payload):
+        from agents.messages import RetrievalResult
+        from agents.router import AgentError
+
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        if self.calls <= self.failures:
+            if self.code is None:
+                raise RuntimeError("boom")
+            raise AgentError(self.code, "flaked")
+        return "RETRIEVAL_RESULT", RetrievalResult(
+            query=payload.query, retrieved_chunks=[], total_results=0, search_duration_ms=0
+        )
+
+
+def test_router_retries_times_out_and_contains_crashes(tmp_path):
+    from agents.messages import ErrorCode
+    from agents.router import Router
+    from agents.traces import TraceStore
+
+    router = Router(TraceStore(tmp_path / "t.sqlite"), retries=2, backoff_s=0.01, timeout_s=0.2)
+    agents = {
+        "flaky": _Flaky("flaky", 2, ErrorCode.VECTOR_SEARCH_FAILED),
+        "broken": _Flaky("broken", 9, ErrorCode.LEXICAL_SEARCH_FAILED),
+        "final": _Flaky("final", 9, ErrorCode.INGESTION_FAILED),
+        "crash": _Flaky("crash", 9),
+        "slow": _Flaky("slow", 0, delay=1.0),
+    }
+    for agent in agents.values():
+        router.register(agent)
+
+    def send(receiver):
+        message = _msg("RETRIEVAL_REQUEST", {"query": "q"}, receiver=receiver)
+        return asyncio.run(router.send(message))
+
+    assert send("flaky").type == "RETRIEVAL_RESULT" and agents["flaky"].calls == 3  # retried twice, then fine
+    broken = send("broken")
+    assert broken.payload["error_code"] == "LEXICAL_SEARCH_FAILED" and agents["broken"].calls == 3
+    assert broken.payload["retry_possible"] is True
+    assert send("final").payload["error_code"] == "INGESTION_FAILED"
+    crash = send("crash")
+    assert crash.payload["error_code"] == "INTERNAL" and agents["crash"].calls == 1  # not retried
+    assert "RuntimeError" in crash.payload["error_message"] and "boom" not in crash.payload["error_message"]
+    assert send("slow").payload["error_code"] == "TIMEOUT"
+    assert router.health("broken")["error_rate"] == 1.0
