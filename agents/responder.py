@@ -52,8 +52,15 @@ class ExtractiveResponder:
         return sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts if t)
 
     def answer(
-        self, question: str, context: list[Source], previous: str | None = None, max_tokens: int = 256
+        self,
+        question: str,
+        context: list[Source],
+        previous: str | None = None,
+        max_tokens: int = 256,
+        model: str | None = None,
+        temperature: float = 0.0,
     ) -> Answer:
+        """``model`` and ``temperature`` are a generator's; an extracted answer has neither."""
         started = time.perf_counter()
         pieces = [(i, s) for i, chunk in enumerate(context) for s in split_sentences(chunk.content)]
         if not pieces:

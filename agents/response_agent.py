@@ -6,6 +6,7 @@ import asyncio
 
 from pydantic import BaseModel
 
+from agents.chat_responder import ChatResponder
 from agents.messages import Message, ResponseRequest, ResponseResult
 from agents.responder import ExtractiveResponder, Source
 
@@ -14,10 +15,11 @@ class LLMResponseAgent:
     agent_id = "LLMResponseAgent"
     agent_type = "response"
     message_types = {"RESPONSE_REQUEST"}
-    capabilities = ["extractive-answers", "citations", "follow-up-questions"]
 
-    def __init__(self, responder: ExtractiveResponder) -> None:
+    def __init__(self, responder: ExtractiveResponder | ChatResponder) -> None:
         self.responder = responder
+        kind = "llm-answers" if isinstance(responder, ChatResponder) else "extractive-answers"
+        self.capabilities = [kind, "citations", "follow-up-questions"]
 
     async def handle(self, message: Message, payload: BaseModel) -> tuple[str, BaseModel]:
         request: ResponseRequest = payload  # type: ignore[assignment]
@@ -28,6 +30,8 @@ class LLMResponseAgent:
             [Source(c.content, c.source) for c in request.context_chunks],
             previous,
             request.generation_params.max_tokens,
+            request.generation_params.model,
+            request.generation_params.temperature,
         )
         return "RESPONSE_RESULT", ResponseResult(
             response=answer.text,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from agents.messages import ERRORS, PAYLOADS, ErrorCode, ErrorPayload, Message, OriginalRequest
 from agents.traces import TraceStore
+from engine.documents import problems
 
 log = logging.getLogger(__name__)
 ROUTER_ID = "Router"
@@ -124,7 +125,7 @@ class Router:
         try:
             message = raw if isinstance(raw, Message) else Message.model_validate(raw)
         except ValidationError as exc:
-            return self.refuse(ErrorCode.INVALID_MESSAGE, _problems(exc), raw)
+            return self.refuse(ErrorCode.INVALID_MESSAGE, problems(exc, "message"), raw)
         if message.trace_id is None:
             conversation = message.metadata.get("conversation_id")
             message.trace_id = self.traces.new_trace_id(
@@ -149,7 +150,7 @@ class Router:
             try:
                 payload = model.model_validate(message.payload)
             except ValidationError as exc:
-                problem = (ErrorCode.INVALID_MESSAGE, f"payload: {_problems(exc)}")
+                problem = (ErrorCode.INVALID_MESSAGE, f"payload: {problems(exc, 'message')}")
         self.traces.add(message, outcome="received" if problem is None else problem[0].value)
         if problem is not None:
             reply = self.error(*problem, message)
@@ -189,7 +190,3 @@ class Router:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
         return self.error(failure.code, str(failure), message, message.trace_id)
-
-
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors())

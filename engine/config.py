@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     agent_keys: Path | None = Field(None, description="TOML of agent keys (hashed); without it: loopback only")
     agent_rate: str = Field("120/minute", description="default per-agent message rate (limits' syntax)")
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest message body except ingestion")
+    llm_url: str | None = Field(None, description="OpenAI-compatible server for answers, e.g. http://127.0.0.1:8080/v1")
+    llm_model: str = Field("default", description="model name sent to that server (generation_params.model wins)")
+    llm_api_key: str | None = Field(None, description="its key, if it wants one (set HYBRID_SEARCH_LLM_API_KEY)")
 
     # serving
     host: str = "127.0.0.1"
@@ -111,7 +114,7 @@ class Settings(BaseSettings):
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(4000, ge=1)
 
-    @field_validator("reranker", "public_url", "memory_split", "agent_keys", mode="before")
+    @field_validator("reranker", "public_url", "memory_split", "agent_keys", "llm_url", "llm_api_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value in ("", "none") else value

@@ -78,9 +78,9 @@ def load_dataset(root: str | Path) -> Dataset:
         raise DatasetError(f"{root}: dataset folder not found")
     corpus = {
         obj["_id"]: Document(obj["_id"], obj.get("title") or "", obj["text"])
-        for obj in _read_jsonl(root / "corpus.jsonl", what="document")
+        for obj in read_jsonl(root / "corpus.jsonl", what="document")
     }
-    queries = {obj["_id"]: obj["text"] for obj in _read_jsonl(root / "queries.jsonl", what="query")}
+    queries = {obj["_id"]: obj["text"] for obj in read_jsonl(root / "queries.jsonl", what="query")}
     return Dataset(root, corpus, queries)
 
 
@@ -93,7 +93,9 @@ def fingerprint(root: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _read_jsonl(path: Path, what: str) -> Iterator[dict]:
+def read_jsonl(path: Path, what: str) -> Iterator[dict]:
+    """Records of a BEIR JSONL file, each an object with a unique ``_id`` and some text; a
+    DatasetError names the file and line of the first that is not."""
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
     seen: set[str] = set()

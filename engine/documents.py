@@ -11,12 +11,26 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Scalar = str | int | float | bool
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
 # reserved document metadata with a meaning of their own (filters read them)
 DOCUMENT_TYPE, DATE = "document_type", "date"
+
+
+def problems(exc: ValidationError, whole: str = "body") -> str:
+    """A validation error as one line naming each field (``whole`` when it is the value itself):
+    what a 422, a CLI error or an INVALID_MESSAGE says."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
 
 
 def unit_id(document_id: str, chunk_id: str) -> str:

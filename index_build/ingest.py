@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.documents import DocumentIn
+from engine.dataset import DatasetError, read_jsonl
+from engine.documents import DocumentIn, problems
 from engine.sentences import split_sentences
 
 SUFFIXES = {
@@ -44,7 +45,7 @@ def read_documents(path: Path, chunk_words: int = 200, overlap_words: int = 40) 
     if not path.is_file():
         raise IngestError(f"{path}: no such file")
     if kind == "beir":
-        return list(_beir(path))
+        return _beir(path)
     if kind == "message":
         return [_message(path)]
     if kind == "pdf":
@@ -88,8 +89,7 @@ def _valid(path: Path, payload: object, where: str = "") -> DocumentIn:
     try:
         return DocumentIn.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg']}" for e in exc.errors())
-        raise IngestError(f"{path}{where}: {problems}") from None
+        raise IngestError(f"{path}{where}: {problems(exc, 'document')}") from None
 
 
 def _text(path: Path) -> str:
@@ -99,34 +99,24 @@ def _text(path: Path) -> str:
         raise IngestError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def _beir(path: Path) -> Iterator[DocumentIn]:
+def _beir(path: Path) -> list[DocumentIn]:
     """``{"_id", "title", "text", "metadata"?}`` per line: one document of one chunk each, as built."""
-    seen: set[str] = set()
-    for number, line in enumerate(_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f":{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise IngestError(f"{path}{where}: not JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("_id"), str):
-            raise IngestError(f"{path}{where}: expected an object with a string '_id'")
-        if record["_id"] in seen:
-            raise IngestError(f"{path}{where}: _id {record['_id']!r} appears twice in this file")
-        seen.add(record["_id"])
+    try:
+        records = list(read_jsonl(path, "document"))
+    except DatasetError as exc:
+        raise IngestError(str(exc)) from None
+    documents = []
+    for record in records:
         title, text = record.get("title") or "", record.get("text") or ""
         metadata = {k: v for k, v in (record.get("metadata") or {}).items() if not isinstance(v, dict | list)}
-        yield _valid(
-            path,
-            {
-                "document_id": record["_id"],
-                "document_name": title,
-                "metadata": metadata,
-                "chunks": [{"chunk_id": record["_id"], "content": text or title}],
-            },
-            where,
-        )
+        payload = {
+            "document_id": record["_id"],
+            "document_name": title,
+            "metadata": metadata,
+            "chunks": [{"chunk_id": record["_id"], "content": text or title}],
+        }
+        documents.append(_valid(path, payload, f" ({record['_id']})"))
+    return documents
 
 
 def _message(path: Path) -> DocumentIn:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from engine.config import Settings
 from engine.dataset import DatasetError
+from engine.documents import problems
 from engine.index_dir import IndexDirError
 from engine.rerank import RerankerError
 from index_build.train_reranker import LOSSES
@@ -221,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-keys", type=Path, help="TOML of agent keys for /v1 (default: loopback clients only)")
     p.add_argument("--agent-rate", help="default messages an agent may send, e.g. 120/minute")
     p.add_argument("--trace-db", type=Path, help="SQLite file of message traces (default traces/traces.sqlite)")
+    p.add_argument("--llm-url", help="OpenAI-compatible chat server for answers (default: extractive answers)")
+    p.add_argument("--llm-model", help="model name for that server")
     _search_options(p)
 
     p = sub.add_parser(
@@ -311,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return getattr(commands, args.command.replace("-", "_"))(settings, args)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        return _fail(f"invalid settings: {problems}")
+        return _fail(f"invalid settings: {problems(exc, 'settings')}")
     except (DatasetError, IndexDirError, RerankerError, ValueError, RuntimeError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:

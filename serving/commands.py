@@ -298,8 +298,7 @@ def _filters(raw: str | None, pairs: list[str] | None):
     """--filters JSON and --filter KEY=VALUE (repeatable) as one Filters."""
     from pydantic import ValidationError
 
-    from engine.documents import Filters
-    from serving.search_service import problems
+    from engine.documents import Filters, problems
 
     data = {}
     if raw:

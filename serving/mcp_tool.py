@@ -6,6 +6,7 @@ fields) and, with ``--mcp-writes``, ``add_document`` / ``delete_document``. REST
 DELETE by id), ``GET /health`` and ``GET /metrics``.
 """
 
+import functools
 import io
 import json
 import logging
@@ -139,50 +140,32 @@ def build_mcp_server(service: SearchService) -> MCPServer:
             except ReadOnly as exc:
                 raise ToolError(str(exc)) from None
 
-    async def searched(request: Request, respond) -> Response:
-        try:
+    def search_route(respond):
+        @_rest
+        async def rest_search(request: Request) -> Response:
             payload = await _json_body(request, service.settings.max_body_bytes)
             hits = await service.search(SearchRequest.parse(payload, max_chars), door="rest")
-        except _HttpError as exc:
-            return _error(exc.status, str(exc))
-        except BadRequest as exc:
-            return _error(422, str(exc))
-        except QueryTimeout as exc:
-            return _error(504, str(exc))
-        return JSONResponse(respond(hits).model_dump())
+            return JSONResponse(respond(hits).model_dump())
 
-    @server.custom_route("/search_nfcorpus", methods=["POST"])
-    async def rest_search_nfcorpus(request: Request) -> Response:
-        return await searched(request, to_response)
+        return rest_search
 
-    @server.custom_route("/search", methods=["POST"])
-    async def rest_search(request: Request) -> Response:
-        return await searched(request, to_chunks)
+    server.custom_route("/search_nfcorpus", methods=["POST"])(search_route(to_response))
+    server.custom_route("/search", methods=["POST"])(search_route(to_chunks))
 
     @server.custom_route("/documents", methods=["POST"])
+    @_rest
     async def post_document(request: Request) -> Response:
-        try:
-            payload = await _json_body(request, service.settings.max_body_bytes)
-            ack = await service.upsert(payload, wait=_waits(request))
-        except _HttpError as exc:
-            return _error(exc.status, str(exc))
-        except BadRequest as exc:
-            return _error(422, str(exc))
-        except ReadOnly as exc:
-            return _error(405, str(exc))
+        payload = await _json_body(request, service.settings.max_body_bytes)
+        ack = await service.upsert(payload, wait=_waits(request))
         return JSONResponse(ack, status_code=200 if ack["replaced"] else 201)
 
     @server.custom_route("/documents/{document_id:path}", methods=["GET", "DELETE"])
+    @_rest
     async def one_document(request: Request) -> Response:
         document_id = request.path_params["document_id"]
-        try:
-            if request.method == "GET":
-                return JSONResponse(await service.document(document_id))
-            return JSONResponse(await service.delete(document_id, wait=_waits(request)))
-        except DocumentNotFound:
-            return _error(404, f"no document {document_id!r}")
-        except ReadOnly as exc:
-            return _error(405, str(exc))
+        if request.method == "GET":
+            return JSONResponse(await service.document(document_id))
+        return JSONResponse(await service.delete(document_id, wait=_waits(request)))
 
     settings = service.settings
     door = ProtocolDoor(
@@ -208,6 +191,27 @@ def build_mcp_server(service: SearchService) -> MCPServer:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def _rest(handler):
+    """A REST handler whose errors become ``{"error": ...}`` with the status each kind means."""
+
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except _HttpError as exc:
+            return _error(exc.status, str(exc))
+        except BadRequest as exc:
+            return _error(422, str(exc))
+        except DocumentNotFound as exc:
+            return _error(404, f"no document {exc.args[0]!r}")
+        except ReadOnly as exc:
+            return _error(405, str(exc))
+        except QueryTimeout as exc:
+            return _error(504, str(exc))
+
+    return answer
 
 
 class _HttpError(ValueError):

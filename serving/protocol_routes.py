@@ -21,7 +21,7 @@ from pathlib import Path
 
 from limits import parse, storage, strategies
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agents.messages import ErrorCode, Message, schemas
@@ -29,6 +29,7 @@ from agents.router import ROUTER_ID, Router
 from agents.system import SYSTEM_ID, rag_turn
 
 audit = logging.getLogger("hybrid_search.audit")
+_VIEWER = Path(__file__).with_name("trace_viewer.html")
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 STATUS = {
     ErrorCode.INVALID_MESSAGE: 422,
@@ -103,13 +104,13 @@ class ProtocolDoor:
             Route("/v1/agents/{agent_id}/health", self.get_agent_health, methods=["GET"]),
             Route("/v1/traces", self.get_traces, methods=["GET"]),
             Route("/v1/traces/{trace_id:path}", self.get_trace, methods=["GET"]),
+            Route("/ui", self.get_ui, methods=["GET"]),
         ]
 
     # who is calling
     def _caller(self, request: Request) -> tuple[AgentKey | None, tuple[ErrorCode, str] | None]:
         if not self.keys:
-            host = request.client.host if request.client else ""
-            if host in LOOPBACK:
+            if _loopback(request):
                 return None, None
             return None, (ErrorCode.UNAUTHORIZED, "no agent keys are configured, so only loopback clients are served")
         header = request.headers.get("authorization", "")
@@ -243,7 +244,15 @@ class ProtocolDoor:
             return JSONResponse({"error": f"no agent {request.path_params['agent_id']!r}"}, status_code=404)
         return JSONResponse(health)
 
+    async def get_ui(self, request: Request) -> Response:
+        """The trace viewer: one static page reading /v1/traces (loopback clients only)."""
+        if not _loopback(request):
+            return JSONResponse({"error": "the trace viewer is served to loopback clients only"}, status_code=403)
+        return HTMLResponse(_VIEWER.read_text(encoding="utf-8"))
+
     async def get_traces(self, request: Request) -> Response:
+        if not _loopback(request):
+            return JSONResponse({"error": "traces are served to loopback clients only"}, status_code=403)
         q = request.query_params
         try:
             limit = min(500, max(1, int(q.get("limit", "50"))))
@@ -253,8 +262,14 @@ class ProtocolDoor:
         return JSONResponse({"traces": traces})
 
     async def get_trace(self, request: Request) -> Response:
+        if not _loopback(request):
+            return JSONResponse({"error": "traces are served to loopback clients only"}, status_code=403)
         trace_id = request.path_params["trace_id"]
         messages = self.router.traces.trace(trace_id)
         if not messages:
             return JSONResponse({"error": f"no trace {trace_id!r}"}, status_code=404)
         return JSONResponse({"trace_id": trace_id, "messages": messages})
+
+
+def _loopback(request: Request) -> bool:
+    return bool(request.client) and request.client.host in LOOPBACK

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from agents.system import build_router
 from agents.traces import TraceStore
 from engine.config import Settings
-from engine.documents import DocumentIn, Filters
+from engine.documents import DocumentIn, Filters, problems
 from engine.live import DocumentNotFound
 from engine.pipeline import Hit, HybridEngine
 
@@ -32,11 +32,6 @@ class QueryTimeout(TimeoutError):
 
 class ReadOnly(PermissionError):
     """This server was started without writes."""
-
-
-def problems(exc: ValidationError) -> str:
-    """A pydantic error as one line naming each field: what a 422 says."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ def test_ingest_files_then_search_from_the_cli(live_dir, tmp_path):
         timeout=300,
     )
     assert run.returncode == 1, run.stderr  # one file was bad
-    assert "broken.jsonl:2: not JSON" in run.stderr and "added 5 documents" in run.stdout
+    assert "broken.jsonl:2: malformed JSON" in run.stderr and "added 5 documents" in run.stdout
 
     from engine.config import Settings
     from engine.pipeline import HybridEngine

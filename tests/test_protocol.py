@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 
@@ -310,3 +311,121 @@ def test_router_retries_times_out_and_contains_crashes(tmp_path):
     assert "RuntimeError" in crash.payload["error_message"] and "boom" not in crash.payload["error_message"]
     assert send("slow").payload["error_code"] == "TIMEOUT"
     assert router.health("broken")["error_rate"] == 1.0
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no Debian chromium (`apt-get install chromium`)")
+def test_trace_viewer_in_a_real_browser(protocol, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    trace_id = _send(protocol, _msg("RETRIEVAL_REQUEST", {"query": "broccoli sulforaphane", "top_k": 2})).json()[
+        "trace_id"
+    ]
+    flags = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=flags)
+        page = browser.new_page()
+        page.goto(f"{protocol}/ui")
+        row = page.locator(f'tr.trace[data-id="{trace_id}"]')
+        row.wait_for(timeout=10_000)
+        row.click()
+        page.locator("#trace-title").wait_for(timeout=10_000)
+        assert page.locator("#trace-title").inner_text() == trace_id
+        messages = page.locator("tr.message")
+        assert messages.count() == 2
+        assert (
+            "RETRIEVAL_REQUEST" in messages.nth(0).inner_text() and "RETRIEVAL_RESULT" in messages.nth(1).inner_text()
+        )
+        messages.nth(1).locator("summary").click()
+        assert "broccoli" in messages.nth(1).locator("pre").inner_text()
+        page.screenshot(path=str(tmp_path / "viewer.png"), full_page=True)
+        browser.close()
+
+
+@pytest.fixture
+def chat_server():
+    """A stand-in for an OpenAI-compatible server: the real chat-completions wire format, a fixed
+    answer citing the first context block, and every request kept for the test to read."""
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen = []
+
+    async def completions(request):
+        body = await request.json()
+        seen.append(body)
+        first = body["messages"][-1]["content"].split("\n")[1]  # "[1] <first context block>"
+        return JSONResponse(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": f"From the context: {first[4:40]} [1]"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49},
+            }
+        )
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        pass
+
+    def stop():
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    yield f"http://127.0.0.1:{port}/v1", seen, stop
+    stop()
+
+
+def test_llm_backend_and_its_fallback(engine, chat_server):
+    from agents.chat_responder import ChatResponder
+    from agents.responder import ExtractiveResponder, Source
+
+    url, seen, stop = chat_server
+    responder = ChatResponder(url, "tiny-llm", None, ExtractiveResponder(engine.dense.encoder), timeout_s=5)
+    context = [
+        Source("Millet is a drought tolerant grain. It grows in Africa.", "millet.md"),
+        Source("Coffee contains caffeine.", "coffee.md"),
+    ]
+    answer = responder.answer("Which grain tolerates drought?", context, None, max_tokens=64, temperature=0.3)
+    assert answer.text.startswith("From the context: Millet is a drought tolerant grain") and answer.text.endswith(
+        "[1]"
+    )
+    assert answer.backend == "llm:tiny-llm" and answer.tokens == 49 and answer.sources[0] == "millet.md"
+    sent = seen[-1]
+    assert sent["model"] == "tiny-llm" and sent["max_tokens"] == 64 and sent["temperature"] == 0.3
+    assert "[2] Coffee contains caffeine." in sent["messages"][-1]["content"]
+    stop()
+    down = responder.answer("Which grain tolerates drought?", context)
+    assert down.text.startswith("(LLM server failed: APIConnectionError; extractive answer)")
+    assert "drought tolerant grain" in down.text and down.backend == "extractive-fallback"
