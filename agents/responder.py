@@ -49,7 +49,7 @@ class ExtractiveResponder:
     def tokens(self, *texts: str) -> int:
         """Real tokens of the encoder's tokenizer (what a reader model would be fed)."""
         tokenizer = self.encoder.tokenizer
-        return sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts if t)
+        return sum(len(tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]) for t in texts if t)
 
     def answer(
         self,

@@ -26,6 +26,8 @@ EPILOG = """examples:
   hybrid-search train-reranker
   hybrid-search train-fusion
   hybrid-search serve --index-dir indexes/nfcorpus
+  hybrid-search ingest notes.md leaflet.pdf --index-dir indexes/nfcorpus
+  hybrid-search search "soy safety" --filters '{"document_types": ["guideline"]}'
 
 Every option also reads HYBRID_SEARCH_<OPTION> (e.g. HYBRID_SEARCH_RERANK_DEPTH=50) and a TOML
 file named by --config or HYBRID_SEARCH_CONFIG; flags win over both."""

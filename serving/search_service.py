@@ -96,6 +96,7 @@ class SearchService:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+        self.registry.register(_AgentMetrics(self.router))
 
     async def search(self, request: SearchRequest, door: str) -> list[Hit]:
         """Search within the time limit; errors are counted and re-raised for the door to phrase."""
@@ -169,3 +170,22 @@ class SearchService:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.router.traces.close()
         self.engine.close()
+
+
+class _AgentMetrics:
+    """Each protocol agent's health counters, read from the router at scrape time."""
+
+    def __init__(self, router) -> None:
+        self.router = router
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        processed = CounterMetricFamily("agent_messages", "Messages an agent answered", labels=["agent"])
+        errors = CounterMetricFamily("agent_errors", "Messages an agent answered with an error", labels=["agent"])
+        mean = GaugeMetricFamily("agent_response_ms_mean", "Mean milliseconds an agent took", labels=["agent"])
+        for agent_id, stats in self.router.stats.items():
+            processed.add_metric([agent_id], stats.processed)
+            errors.add_metric([agent_id], stats.errors)
+            mean.add_metric([agent_id], stats.total_ms / stats.processed if stats.processed else 0.0)
+        yield from (processed, errors, mean)

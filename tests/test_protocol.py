@@ -236,6 +236,8 @@ def test_traces_are_masked_and_agents_report_health(protocol):
     assert set(retrieval) >= {"status", "last_heartbeat", "error_rate"}
     assert httpx.get(f"{protocol}/v1/agents/Nobody/health").status_code == 404
     assert httpx.get(f"{protocol}/health").json()["agent_protocol"]["auth"] == "agent keys"
+    metrics = httpx.get(f"{protocol}/metrics").text
+    assert 'agent_messages_total{agent="RetrievalAgent"}' in metrics and "agent_response_ms_mean" in metrics
 
 
 def test_schemas_over_http_and_cli(protocol, tmp_path):
