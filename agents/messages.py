@@ -114,7 +114,6 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "FORBIDDEN"
     RATE_LIMITED = "RATE_LIMITED"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
-    NOT_FOUND = "NOT_FOUND"
     VECTOR_SEARCH_FAILED = "VECTOR_SEARCH_FAILED"
     LEXICAL_SEARCH_FAILED = "LEXICAL_SEARCH_FAILED"
     INGESTION_FAILED = "INGESTION_FAILED"
@@ -132,7 +131,6 @@ ERRORS: dict[ErrorCode, tuple[bool, str]] = {
     ErrorCode.FORBIDDEN: (False, "send as the agent your key belongs to, a type that agent may send"),
     ErrorCode.RATE_LIMITED: (True, "wait for the Retry-After seconds, then send again"),
     ErrorCode.PAYLOAD_TOO_LARGE: (False, "split the document into smaller messages or chunks"),
-    ErrorCode.NOT_FOUND: (False, "check the id; it names nothing in the index"),
     ErrorCode.VECTOR_SEARCH_FAILED: (True, "retry; if it persists, check /health (dense index)"),
     ErrorCode.LEXICAL_SEARCH_FAILED: (True, "retry; if it persists, check /health (Lucene index)"),
     ErrorCode.INGESTION_FAILED: (True, "retry the same message: ingestion is idempotent by document_id"),

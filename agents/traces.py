@@ -9,6 +9,7 @@ addresses, phone numbers, bearer tokens and API keys, and any configured pattern
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 
 from agents.messages import Message
 
+log = logging.getLogger(__name__)
 PREFIXES = {
     "DOCUMENT_INGESTION": "ing",
     "INGESTION_ACK": "ing",
@@ -72,11 +74,15 @@ class TraceStore:
         self, path: Path, max_age_days: float = 7, max_messages: int = 100_000, masker: Masker | None = None
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_age, self.max_messages = timedelta(days=max_age_days), max_messages
         self.mask = masker or Masker()
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        except (OSError, sqlite3.OperationalError) as exc:  # e.g. an MCP host starting us in /
+            log.warning("cannot keep traces in %s (%s); keeping them in memory", self.path, exc)
+            self._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
         self._since_prune = 0

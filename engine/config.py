@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     agent_keys: Path | None = Field(None, description="TOML of agent keys (hashed); without it: loopback only")
     agent_rate: str = Field("120/minute", description="default per-agent message rate (limits' syntax)")
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest message body except ingestion")
+    key_all_doors: bool = Field(
+        False, description="put the benchmark's doors (REST, MCP, A2A) behind the agent keys too (open by default)"
+    )
     llm_url: str | None = Field(None, description="OpenAI-compatible server for answers, e.g. http://127.0.0.1:8080/v1")
     llm_model: str = Field("default", description="model name sent to that server (generation_params.model wins)")
     llm_api_key: str | None = Field(None, description="its key, if it wants one (set HYBRID_SEARCH_LLM_API_KEY)")

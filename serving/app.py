@@ -10,11 +10,13 @@ import time
 import uuid
 
 import uvicorn
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.config import Settings
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
 from serving.mcp_tool import build_mcp_server
+from serving.protocol_routes import hash_key, load_keys
 from serving.search_service import SearchService
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,26 @@ class RequestLog:
             )
 
 
+class KeyGate:
+    """With ``--key-all-doors``: every route but health, metrics, agent cards and ``/v1`` (which
+    checks keys itself, per agent) wants a Bearer key from the agent-keys file; 401 otherwise."""
+
+    OPEN = ("/health", "/metrics", "/.well-known/", "/v1/")
+
+    def __init__(self, app: ASGIApp, hashes: set[str]) -> None:
+        self.app, self.hashes = app, hashes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith(self.OPEN):
+            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or hash_key(token.strip()) not in self.hashes:
+                reply = JSONResponse({"error": "send 'Authorization: Bearer <key>' (this server keys all doors)"}, 401)
+                await reply(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_apps(
     settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None, writable: bool = False
 ):
@@ -73,6 +95,11 @@ def build_apps(
             build_a2a_app(search, url, settings.max_query_chars, settings.query_timeout_s),
             settings.a2a_port,
         )
+    if settings.key_all_doors:
+        hashes = set(load_keys(settings.agent_keys, settings.agent_rate))
+        if not hashes:
+            raise ValueError("--key-all-doors needs --agent-keys with at least one key")
+        apps = {door: (KeyGate(app, hashes), port) for door, (app, port) in apps.items()}
     return service, apps
 
 

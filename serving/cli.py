@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, help="largest HTTP request body (default 8 MiB; more gets 413)")
     p.add_argument("--agent-keys", type=Path, help="TOML of agent keys for /v1 (default: loopback clients only)")
     p.add_argument("--agent-rate", help="default messages an agent may send, e.g. 120/minute")
+    p.add_argument("--key-all-doors", action="store_true", default=None, help="REST, MCP and A2A want an agent key too")
     p.add_argument("--trace-db", type=Path, help="SQLite file of message traces (default traces/traces.sqlite)")
     p.add_argument("--llm-url", help="OpenAI-compatible chat server for answers (default: extractive answers)")
     p.add_argument("--llm-model", help="model name for that server")

@@ -35,7 +35,6 @@ STATUS = {
     ErrorCode.INVALID_MESSAGE: 422,
     ErrorCode.UNKNOWN_MESSAGE_TYPE: 422,
     ErrorCode.UNKNOWN_RECEIVER: 404,
-    ErrorCode.NOT_FOUND: 404,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.RATE_LIMITED: 429,

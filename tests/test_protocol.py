@@ -431,3 +431,57 @@ def test_llm_backend_and_its_fallback(engine, chat_server):
     down = responder.answer("Which grain tolerates drought?", context)
     assert down.text.startswith("(LLM server failed: APIConnectionError; extractive answer)")
     assert "drought tolerant grain" in down.text and down.backend == "extractive-fallback"
+
+
+def test_all_doors_behind_keys_when_configured(index_dir, tmp_path):
+    from serving.protocol_routes import hash_key
+
+    shutil.copytree(index_dir, tmp_path / "index")
+    (tmp_path / "keys.toml").write_text(
+        f'[agents.Evaluator]\nkey_sha256 = "{hash_key("hsk-evaluator-0123456789")}"\nmessage_types = []\n'
+    )
+    mcp_port, a2a_port = free_port(), free_port()
+    args = [
+        "serve",
+        "--index-dir",
+        str(tmp_path / "index"),
+        "--read-only",
+        "--mcp-port",
+        str(mcp_port),
+        "--a2a-port",
+        str(a2a_port),
+        "--device",
+        "cpu",
+        "--agent-keys",
+        str(tmp_path / "keys.toml"),
+        "--key-all-doors",
+        "--trace-db",
+        str(tmp_path / "t.sqlite"),
+    ]
+    proc = start_server(args, f"http://127.0.0.1:{mcp_port}/health", tmp_path / "serve.log")
+    try:
+        url, a2a = f"http://127.0.0.1:{mcp_port}", f"http://127.0.0.1:{a2a_port}"
+        body = {"query": "soy", "top_k": 2}
+        assert httpx.post(f"{url}/search_nfcorpus", json=body).status_code == 401
+        good = {"Authorization": "Bearer hsk-evaluator-0123456789"}
+        assert httpx.post(f"{url}/search_nfcorpus", json=body, headers=good).status_code == 200
+        assert httpx.post(f"{url}/mcp", json={}).status_code == 401
+        assert httpx.get(f"{a2a}/.well-known/agent-card.json").status_code == 200  # cards stay public
+        rpc = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "role": "user",
+                    "messageId": "m",
+                    "kind": "message",
+                    "parts": [{"kind": "data", "data": body}],
+                }
+            },
+        }
+        assert httpx.post(f"{a2a}/", json=rpc).status_code == 401
+        reply = httpx.post(f"{a2a}/", json=rpc, headers=good, timeout=60).json()
+        assert reply["result"]["status"]["state"] == "completed"
+    finally:
+        assert stop_server(proc) == 0
