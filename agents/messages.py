@@ -76,6 +76,9 @@ class RetrievalResult(BaseModel):
 class ContextChunk(BaseModel):
     content: Annotated[str, StringConstraints(min_length=1)]
     source: str = ""
+    similarity_score: float | None = Field(
+        None, ge=0, le=1, description="optional: the retrieval's calibrated relevance, which confidence uses"
+    )
 
 
 class Turn(BaseModel):

@@ -26,6 +26,7 @@ DUPLICATE_COSINE = 0.92
 class Source:
     content: str
     source: str = ""
+    relevance: float | None = None  # the retrieval's calibrated probability, when known
 
 
 @dataclass
@@ -50,6 +51,15 @@ class ExtractiveResponder:
         """Real tokens of the encoder's tokenizer (what a reader model would be fed)."""
         tokenizer = self.encoder.tokenizer
         return sum(len(tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]) for t in texts if t)
+
+    @staticmethod
+    def confidence(cited: list[Source], cosines: list[float]) -> float:
+        """The probability that the best source the answer cites is relevant, when the retrieval
+        calibrated its sources (the RAG path); else the mean cosine of the chosen sentences."""
+        known = [c.relevance for c in cited if c.relevance is not None]
+        if known:
+            return float(max(known))
+        return float(np.clip(np.mean(cosines), 0.0, 1.0)) if cosines else 0.0
 
     def answer(
         self,
@@ -91,7 +101,7 @@ class ExtractiveResponder:
                 sources.append(origin)
             parts.append(f"{pieces[j][1]} [{sources.index(origin) + 1}]")
         text = " ".join(parts)
-        confidence = float(np.clip(np.mean([scores[j] for j in chosen]), 0.0, 1.0))
+        confidence = self.confidence([context[pieces[j][0]] for j in chosen], [float(scores[j]) for j in chosen])
         read = [question, *(c.content for c in context)]
         return Answer(
             text=text,

@@ -27,7 +27,7 @@ class LLMResponseAgent:
         answer = await asyncio.to_thread(
             self.responder.answer,
             request.user_query,
-            [Source(c.content, c.source) for c in request.context_chunks],
+            [Source(c.content, c.source, c.similarity_score) for c in request.context_chunks],
             previous,
             request.generation_params.max_tokens,
             request.generation_params.model,

@@ -28,7 +28,10 @@ async def rag_turn(
     found = await router.send(retrieval)
     messages = [retrieval, found]
     if found.type != "ERROR_MESSAGE":
-        context = [{"content": c["content"], "source": c["source_document"]} for c in found.payload["retrieved_chunks"]]
+        context = [
+            {"content": c["content"], "source": c["source_document"], "similarity_score": c["similarity_score"]}
+            for c in found.payload["retrieved_chunks"]
+        ]
         ask = Message(
             type="RESPONSE_REQUEST",
             sender=SYSTEM_ID,

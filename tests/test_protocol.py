@@ -207,6 +207,10 @@ def test_a_rag_turn_cites_what_retrieval_returned_under_one_trace(protocol):
     retrieved = {c["source_document"] for c in turn["messages"][1]["payload"]["retrieved_chunks"]}
     cited = turn["messages"][3]["payload"]["source_documents"]
     assert cited and set(cited) <= retrieved and "[1]" in turn["messages"][3]["payload"]["response"]
+    relevance = {
+        c["source_document"]: c["similarity_score"] for c in turn["messages"][1]["payload"]["retrieved_chunks"]
+    }
+    assert turn["messages"][3]["payload"]["confidence_score"] == max(relevance[s] for s in cited)
     assert {m["trace_id"] for m in turn["messages"]} == {"ret-conversation-7-001", "llm-conversation-7-001"}
     stored = httpx.get(f"{protocol}/v1/traces/conversation-7").json()["messages"]
     assert [m["type"] for m in stored] == kinds and stored[1]["duration_ms"] > 0
