@@ -18,14 +18,24 @@ INSTRUCTIONS = (
 )
 
 
+class GenerationFailed(RuntimeError):
+    """The LLM server failed and the extractive fallback is switched off."""
+
+
 class ChatResponder:
     def __init__(
-        self, url: str, model: str, api_key: str | None, fallback: ExtractiveResponder, timeout_s: float = 30.0
+        self,
+        url: str,
+        model: str,
+        api_key: str | None,
+        fallback: ExtractiveResponder,
+        timeout_s: float = 30.0,
+        allow_fallback: bool = True,
     ) -> None:
         from openai import OpenAI
 
         self.client = OpenAI(base_url=url, api_key=api_key or "unused", timeout=timeout_s, max_retries=0)
-        self.model, self.fallback = model, fallback
+        self.model, self.fallback, self.allow_fallback = model, fallback, allow_fallback
 
     def answer(
         self,
@@ -53,6 +63,8 @@ class ChatResponder:
             )
             text = (reply.choices[0].message.content or "").strip()
         except (OpenAIError, IndexError) as exc:
+            if not self.allow_fallback:
+                raise GenerationFailed(f"LLM server failed: {type(exc).__name__}: {exc}") from None
             answer = self.fallback.answer(question, context, previous, max_tokens)
             answer.text = f"(LLM server failed: {type(exc).__name__}; extractive answer) {answer.text}"
             answer.backend = "extractive-fallback"

@@ -108,6 +108,7 @@ class Settings(BaseSettings):
     llm_url: str | None = Field(None, description="OpenAI-compatible server for answers, e.g. http://127.0.0.1:8080/v1")
     llm_model: str = Field("default", description="model name sent to that server (generation_params.model wins)")
     llm_api_key: str | None = Field(None, description="its key, if it wants one (set HYBRID_SEARCH_LLM_API_KEY)")
+    llm_fallback: bool = Field(True, description="answer extractively (and say so) when the LLM server fails")
 
     # serving
     host: str = "127.0.0.1"

@@ -227,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-db", type=Path, help="SQLite file of message traces (default traces/traces.sqlite)")
     p.add_argument("--llm-url", help="OpenAI-compatible chat server for answers (default: extractive answers)")
     p.add_argument("--llm-model", help="model name for that server")
+    p.add_argument(
+        "--no-llm-fallback",
+        dest="llm_fallback",
+        action="store_false",
+        default=None,
+        help="when the LLM server fails, answer GENERATION_FAILED instead of an extractive answer",
+    )
     _search_options(p)
 
     p = sub.add_parser(

@@ -413,7 +413,7 @@ def chat_server():
     stop()
 
 
-def test_llm_backend_and_its_fallback(engine, chat_server):
+def test_llm_backend_and_its_fallback(engine, chat_server, tmp_path):
     from agents.chat_responder import ChatResponder
     from agents.responder import ExtractiveResponder, Source
 
@@ -435,6 +435,17 @@ def test_llm_backend_and_its_fallback(engine, chat_server):
     down = responder.answer("Which grain tolerates drought?", context)
     assert down.text.startswith("(LLM server failed: APIConnectionError; extractive answer)")
     assert "drought tolerant grain" in down.text and down.backend == "extractive-fallback"
+
+    from agents.response_agent import LLMResponseAgent
+    from agents.router import Router
+    from agents.traces import TraceStore
+
+    strict = ChatResponder(url, "tiny-llm", None, responder.fallback, timeout_s=5, allow_fallback=False)
+    router = Router(TraceStore(tmp_path / "t.sqlite"), retries=1, backoff_s=0.01)
+    router.register(LLMResponseAgent(strict))
+    ask = {"user_query": "Which grain?", "context_chunks": [{"content": "Millet grows in Africa.", "source": "m"}]}
+    reply = asyncio.run(router.send(_msg("RESPONSE_REQUEST", ask, receiver="LLMResponseAgent")))
+    assert reply.payload["error_code"] == "GENERATION_FAILED" and reply.payload["retry_possible"] is True
 
 
 def test_all_doors_behind_keys_when_configured(index_dir, tmp_path):
