@@ -43,14 +43,26 @@ async def rag_turn(
     return {"conversation_id": conversation, "messages": [m.model_dump(mode="json") for m in messages]}
 
 
-def build_router(engine, traces: TraceStore, timeout_s: float = 30.0) -> Router:
-    """A router with the agents an engine can back: retrieval (and ingestion when the engine is
-    writable) and the extractive response agent on the engine's own encoder."""
+def build_responder(engine, timeout_s: float = 30.0):
+    """The answer step every agent shares: extractive on the engine's own encoder, or an
+    OpenAI-compatible server when ``llm_url`` is set (falling back to extractive unless told not to)."""
+    from agents.chat_responder import ChatResponder
     from agents.responder import ExtractiveResponder
+
+    s = engine.settings
+    responder = ExtractiveResponder(engine.dense.encoder)
+    if s.llm_url:
+        return ChatResponder(s.llm_url, s.llm_model, s.llm_api_key, responder, timeout_s, s.llm_fallback)
+    return responder
+
+
+def build_router(engine, traces: TraceStore, responder, timeout_s: float = 30.0) -> Router:
+    """A router with the agents an engine can back: retrieval (and ingestion when the engine is
+    writable) and the response agent on ``responder``."""
     from agents.response_agent import LLMResponseAgent
     from agents.retrieval_agent import RetrievalAgent
 
     router = Router(traces, timeout_s=timeout_s)
     router.register(RetrievalAgent(engine))
-    router.register(LLMResponseAgent(ExtractiveResponder(engine.dense.encoder)))
+    router.register(LLMResponseAgent(responder))
     return router

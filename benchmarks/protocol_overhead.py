@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from agents.messages import Message
-from agents.system import build_router, rag_turn
+from agents.system import build_responder, build_router, rag_turn
 from agents.traces import TraceStore
 from benchmarks.latency import machine, machine_name, percentiles
 from engine.config import Settings
@@ -31,7 +31,7 @@ from engine.pipeline import HybridEngine
 def in_process(queries: list[str]) -> dict:
     engine = HybridEngine(Settings(rerank=False))
     with tempfile.TemporaryDirectory() as tmp:
-        router = build_router(engine, TraceStore(Path(tmp) / "t.sqlite"))
+        router = build_router(engine, TraceStore(Path(tmp) / "t.sqlite"), build_responder(engine))
         direct, routed, legs = [], [], {"retrieval": [], "response": [], "turn": []}
         engine.search(queries[0], 5)  # warm up before timing
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.index_dir import IndexDirError
 from engine.progress import track
 
 
@@ -127,7 +128,7 @@ class DenseRetriever:
     def bind(self, units: dict[int, str]) -> None:
         """Name the rows (the document store's map); refuses an index that disagrees with it."""
         if self._index.ntotal != len(units):
-            raise ValueError(
+            raise IndexDirError(
                 f"{self.path}: {self._index.ntotal} vectors for {len(units)} documents in the store; rebuild the index"
             )
         self.units = dict(units)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from a2a.helpers.proto_helpers import (
@@ -92,10 +93,19 @@ def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
 
 
 class RetrievalExecutor(AgentExecutor):
-    def __init__(self, search: DocSearch, max_chars: int, timeout_s: float) -> None:
+    """Retrieval for ``{"query", ...}``; with ``solve``, the solver skill for ``{"task_id", "task", ...}``."""
+
+    def __init__(
+        self,
+        search: DocSearch,
+        max_chars: int,
+        timeout_s: float,
+        solve: Callable[[dict], Awaitable[dict]] | None = None,
+    ) -> None:
         self.search = search
         self.max_chars = max_chars
         self.timeout_s = timeout_s
+        self.solve = solve
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
@@ -103,6 +113,10 @@ class RetrievalExecutor(AgentExecutor):
             task = new_task_from_user_message(context.message)
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
+        data = get_data_parts(list(context.message.parts))
+        if self.solve is not None and data and isinstance(data[0], dict) and "task" in data[0]:
+            await self._solve(updater, data[0])
+            return
         try:
             request = parse_message(list(context.message.parts), self.max_chars)
             doc_ids = await asyncio.wait_for(self.search.doc_ids(request), timeout=self.timeout_s)
@@ -119,6 +133,22 @@ class RetrievalExecutor(AgentExecutor):
         await updater.add_artifact([new_data_part({"doc_ids": doc_ids})], name="doc_ids")
         await updater.complete()
 
+    async def _solve(self, updater: TaskUpdater, payload: dict) -> None:
+        try:
+            answer = await asyncio.wait_for(self.solve(payload), timeout=self.timeout_s)
+        except BadRequest as exc:
+            await self._fail(updater, str(exc))
+            return
+        except TimeoutError:
+            await self._fail(updater, f"task took longer than {self.timeout_s:g} s")
+            return
+        except Exception as exc:  # the solver's backend failing must fail the task, not the server
+            log.exception("solver failed")
+            await self._fail(updater, f"solver failed: {type(exc).__name__}")
+            return
+        await updater.add_artifact([new_data_part(answer)], name="answers")
+        await updater.complete()
+
     async def _fail(self, updater: TaskUpdater, message: str) -> None:
         await updater.failed(updater.new_agent_message([new_text_part(message)]))
 
@@ -128,7 +158,21 @@ class RetrievalExecutor(AgentExecutor):
             await TaskUpdater(event_queue, task.id, task.context_id).cancel()
 
 
-def agent_card(url: str) -> AgentCard:
+SOLVER_SKILL = AgentSkill(
+    id="benchmark_solver",
+    name="Benchmark task solver",
+    description='Input: a data part {"task_id", "task", "policy_doc"?: {"rules": [...], "default_action"}, '
+    '"history"?: [{"role", "content"}], "expected_format"?: "list" | "single" | "json", "context"?}. The policy is '
+    "enforced before anything else. Output: one artifact with one data part {task_id, answers, metadata} whose "
+    "metadata says policy_compliant, policy_violations, applied_rules, memory_compressed, memory_summary, citations.",
+    tags=["solver", "policy", "rag", "nfcorpus"],
+    examples=[json.dumps({"task_id": "t1", "task": "Which foods lower LDL cholesterol?", "expected_format": "list"})],
+    input_modes=["application/json"],
+    output_modes=["application/json"],
+)
+
+
+def agent_card(url: str, solver: bool = False) -> AgentCard:
     """The card, with a 1.0 and a 0.3 interface so both generations of clients accept it."""
     example = json.dumps({"query": "does vitamin D prevent falls in older adults?", "top_k": 5})
     return AgentCard(
@@ -155,16 +199,23 @@ def agent_card(url: str) -> AgentCard:
                 examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
                 input_modes=["text/plain", "application/json"],
                 output_modes=["application/json"],
-            )
+            ),
+            *([SOLVER_SKILL] if solver else []),
         ],
     )
 
 
-def build_a2a_app(search: DocSearch, url: str, max_chars: int, timeout_s: float) -> Starlette:
+def build_a2a_app(
+    search: DocSearch,
+    url: str,
+    max_chars: int,
+    timeout_s: float,
+    solve: Callable[[dict], Awaitable[dict]] | None = None,
+) -> Starlette:
     """JSON-RPC at ``/`` (1.0 and 0.3), the card at the well-known path and at ``/``."""
-    card = agent_card(url)
+    card = agent_card(url, solver=solve is not None)
     handler = DefaultRequestHandler(
-        agent_executor=RetrievalExecutor(search, max_chars, timeout_s),
+        agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
         task_store=InMemoryTaskStore(),
         agent_card=card,
     )

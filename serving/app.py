@@ -92,7 +92,9 @@ def build_apps(
         url = settings.public_url or f"http://{_display_host(settings.host)}:{settings.a2a_port}/"
         search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
         apps["a2a"] = (
-            build_a2a_app(search, url, settings.max_query_chars, settings.query_timeout_s),
+            build_a2a_app(
+                search, url, settings.max_query_chars, settings.query_timeout_s, service.solve if service else None
+            ),
             settings.a2a_port,
         )
     if settings.key_all_doors:

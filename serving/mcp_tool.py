@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agents.chat_responder import GenerationFailed
 from engine.live import DocumentNotFound
 from engine.pipeline import Hit
 from serving.protocol_routes import ProtocolDoor, load_keys
@@ -28,6 +29,7 @@ from serving.search_service import BadRequest, QueryTimeout, ReadOnly, SearchReq
 
 log = logging.getLogger(__name__)
 TOOL_NAME = "search_nfcorpus"
+SOLVER_PATH = "/api/a2a/purple-agent"
 
 
 class SearchResult(BaseModel):
@@ -178,6 +180,15 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     for route in door.routes():
         server.custom_route(route.path, methods=sorted(route.methods - {"HEAD"}))(route.endpoint)
 
+    @server.custom_route(SOLVER_PATH, methods=["GET"])
+    async def solver_card(request: Request) -> Response:
+        return JSONResponse(service.solver.describe())
+
+    @server.custom_route(SOLVER_PATH, methods=["POST"])
+    @_rest
+    async def solve(request: Request) -> Response:
+        return JSONResponse(await service.solve(await _json_body(request, settings.max_body_bytes)))
+
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> Response:
         return JSONResponse({**service.health(), "agent_protocol": door.describe()})
@@ -210,6 +221,8 @@ def _rest(handler):
             return _error(405, str(exc))
         except QueryTimeout as exc:
             return _error(504, str(exc))
+        except GenerationFailed as exc:
+            return _error(502, str(exc))
 
     return answer
 

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
-from agents.system import build_router
+from agents.policy import PolicyError
+from agents.solver import Solver, SolverRequest
+from agents.system import build_responder, build_router
 from agents.traces import TraceStore
 from engine.config import Settings
 from engine.documents import DocumentIn, Filters, problems
@@ -81,9 +83,12 @@ class SearchService:
     ) -> None:
         self.settings = settings
         started = time.perf_counter()
+        self._owns_engine = engine is None
         self.engine = engine or HybridEngine(settings, writable=writable)
         traces = TraceStore(settings.trace_db, settings.trace_max_age_days, settings.trace_max_messages)
-        self.router = build_router(self.engine, traces, settings.query_timeout_s)
+        responder = build_responder(self.engine, settings.query_timeout_s)
+        self.router = build_router(self.engine, traces, responder, settings.query_timeout_s)
+        self.solver = Solver(self.engine, responder)
         self.load_seconds = time.perf_counter() - started
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
         self.registry = CollectorRegistry()
@@ -117,6 +122,20 @@ class SearchService:
         for stage, seconds in result.seconds.items():
             self.latency.labels(stage).observe(seconds)
         return self.engine.hits(result, request.top_k, request.similarity_threshold)
+
+    async def solve(self, payload: object) -> dict:
+        """A benchmark task (``SolverRequest``'s shape); BadRequest names the field or the rule."""
+        if not isinstance(payload, dict):
+            raise BadRequest('expected a JSON object like {"task_id": "...", "task": "..."}')
+        try:
+            request = SolverRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise BadRequest(problems(exc)) from None
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, self.solver.solve, request)
+        except PolicyError as exc:
+            raise BadRequest(str(exc)) from None
 
     # documents
     def _live(self):
@@ -166,10 +185,12 @@ class SearchService:
         }
 
     def close(self) -> None:
-        """Stop taking work and checkpoint the index (a writable one replays nothing at next start)."""
+        """Stop taking work and checkpoint the index (a writable one replays nothing at next start);
+        an engine that was handed in stays open for its owner."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.router.traces.close()
-        self.engine.close()
+        if self._owns_engine:
+            self.engine.close()
 
 
 class _AgentMetrics:

@@ -1,5 +1,6 @@
 import json
 import shutil
+import sqlite3
 
 import pytest
 
@@ -157,11 +158,16 @@ def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
         HybridEngine(Settings(index_dir=broken, device="cpu"))
     odd = tmp_path / "odd"
     shutil.copytree(index_dir, odd)
-    manifest = json.loads((odd / MANIFEST_FILE).read_text())
-    manifest["documents"] = 31
-    (odd / MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pytest.raises(IndexDirError, match="manifest says 31"):
+    with sqlite3.connect(odd / "docs.sqlite") as conn:
+        conn.execute("DELETE FROM chunks WHERE unit_id = 'D-soy-0'")
+    with pytest.raises(IndexDirError, match="32 vectors for 31 documents in the store"):
         HybridEngine(Settings(index_dir=odd, device="cpu"))
+    old = tmp_path / "old"
+    shutil.copytree(index_dir, old)
+    manifest = json.loads((old / MANIFEST_FILE).read_text())
+    (old / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 1}))
+    with pytest.raises(IndexDirError, match="format 1, this version reads 2"):
+        HybridEngine(Settings(index_dir=old, device="cpu"))
 
 
 def test_memory_names_the_training_queries_that_cited_a_document_nearest_first(tmp_path):

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import httpx
@@ -16,39 +15,6 @@ import pytest
 from tests.conftest import ROOT, free_port, start_server, stop_server
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
-
-
-@pytest.fixture(scope="module")
-def server(index_dir, tmp_path_factory):
-    mcp_port, a2a_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("logs") / "serve.log"
-    proc = start_server(
-        [
-            "serve",
-            "--index-dir",
-            str(index_dir),
-            "--mcp-port",
-            str(mcp_port),
-            "--a2a-port",
-            str(a2a_port),
-            "--device",
-            "cpu",
-            "--query-timeout",
-            "20",
-        ],
-        f"http://127.0.0.1:{mcp_port}/health",
-        log,
-    )
-    # the A2A side is up once its card answers
-    for _ in range(60):
-        try:
-            if httpx.get(f"http://127.0.0.1:{a2a_port}/", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    yield {"mcp": f"http://127.0.0.1:{mcp_port}", "a2a": f"http://127.0.0.1:{a2a_port}", "log": log, "proc": proc}
-    assert stop_server(proc) == 0, "SIGTERM must shut the server down cleanly"
-    assert "Traceback" not in log.read_text()
 
 
 # ---------------------------------------------------------------- REST and health

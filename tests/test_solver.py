@@ -1,0 +1,149 @@
+"""The benchmark solver: policy, history, formats, through real HTTP and the A2A client; property
+tests for the formatter and the policy evaluator."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.formatter import format_answer, items_from_text
+from agents.policy import PolicyDoc, evaluate
+
+PATH = "/api/a2a/purple-agent"
+NO_DOSING = {
+    "rules": [
+        {
+            "id": "r1",
+            "type": "deny",
+            "description": "No dosing advice",
+            "keywords": ["dose", "dosage"],
+            "pattern": r"mg\s*/\s*day",
+        }
+    ],
+    "default_action": "allow",
+}
+
+
+def _solve(server, **body):
+    return httpx.post(server["mcp"] + PATH, json={"task_id": "t-1", **body}, timeout=120)
+
+
+def test_describe_and_answer_a_compliant_task(server):
+    card = httpx.get(server["mcp"] + PATH).json()
+    assert card["status"] == "ready" and "policy-rules" in card["capabilities"]
+    reply = _solve(server, task="do soy isoflavones change prostate cancer risk?", policy_doc=NO_DOSING)
+    assert reply.status_code == 200
+    body = reply.json()
+    assert body["task_id"] == "t-1" and body["answers"] == sorted(set(body["answers"])) and body["answers"]
+    meta = body["metadata"]
+    assert meta["policy_compliant"] and meta["policy_violations"] == [] and meta["applied_rules"] == []
+    assert meta["citations"] and all(c.startswith("D-") for c in meta["citations"])
+    assert any("soy" in a for a in body["answers"])
+
+
+def test_a_violating_task_is_not_answered(server):
+    body = _solve(server, task="What dose of soy is safe? 50 mg / day?", policy_doc=NO_DOSING).json()
+    assert body["answers"] == [] and not body["metadata"]["policy_compliant"]
+    assert body["metadata"]["policy_violations"][0]["rule_id"] == "r1"
+    require = {"rules": [{"id": "cite", "type": "require", "keywords": ["randomized"]}]}
+    missing = _solve(server, task="coffee and the liver", policy_doc=require).json()["metadata"]
+    assert missing["policy_violations"][0]["reason"] == "required but not found"
+    present = _solve(server, task="coffee and the liver", context="a randomized trial", policy_doc=require).json()
+    assert present["metadata"]["policy_compliant"] and present["metadata"]["applied_rules"] == ["cite"]
+    closed = {"rules": [{"id": "topic", "type": "allow", "keywords": ["coffee"]}], "default_action": "deny"}
+    assert _solve(server, task="coffee effects", policy_doc=closed).json()["metadata"]["policy_compliant"]
+    assert not _solve(server, task="arsenic in rice", policy_doc=closed).json()["metadata"]["policy_compliant"]
+
+
+def test_long_history_is_compressed_and_used(server):
+    history = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"We discussed arsenic in rice, turn {i}. Brown rice holds more arsenic than white.",
+        }
+        for i in range(12)
+    ]
+    history.append({"role": "user", "content": "tell me about arsenic in brown rice"})
+    body = _solve(server, task="and for children?", history=history, expected_format="single").json()
+    meta = body["metadata"]
+    assert meta["memory_compressed"] and "arsenic" in meta["memory_summary"]
+    assert len(body["answers"]) == 1 and any(c.startswith("D-arsenic") for c in meta["citations"])
+    structured = _solve(server, task="broccoli sulforaphane", expected_format="json").json()["answers"][0]
+    assert set(structured) == {"answer", "items", "citations"} and structured["citations"]
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        ({"task": ""}, "task"),
+        ({"task": "x", "expected_format": "table"}, "expected_format"),
+        ({"task": "x", "policy_doc": {"rules": [{"id": "bad", "type": "deny", "pattern": "(unclosed"}]}}, "'bad'"),
+        ({"task": "x", "policy_doc": {"rules": [{"id": "empty", "type": "deny"}]}}, "empty"),
+        ({"task": "x", "history": [{"role": "robot", "content": "hi"}]}, "history.0.role"),
+    ],
+)
+def test_bad_tasks_are_422_naming_the_problem(server, body, names):
+    reply = _solve(server, **body)
+    assert reply.status_code == 422 and names in reply.json()["error"]
+
+
+def test_the_solver_is_a_second_a2a_skill(server):
+    card = httpx.get(server["a2a"] + "/.well-known/agent-card.json").json()
+    assert [s["id"] for s in card["skills"]] == ["nfcorpus_retrieval", "benchmark_solver"]
+    rpc = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "role": "user",
+                "messageId": "m1",
+                "kind": "message",
+                "parts": [
+                    {
+                        "kind": "data",
+                        "data": {"task_id": "a2a-1", "task": "coffee and liver enzymes", "policy_doc": NO_DOSING},
+                    }
+                ],
+            }
+        },
+    }
+    result = httpx.post(server["a2a"] + "/", json=rpc, timeout=120).json()["result"]
+    assert result["status"]["state"] == "completed"
+    data = result["artifacts"][0]["parts"][0]["data"]
+    assert data["task_id"] == "a2a-1" and data["answers"] and data["metadata"]["policy_compliant"]
+
+
+# ---------------------------------------------------------------- properties
+
+words = st.text(alphabet=string.ascii_letters + " -'", min_size=1, max_size=30).filter(lambda s: s.strip())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(words, max_size=12))
+def test_list_format_is_sorted_distinct_and_loses_nothing(items):
+    formatted = format_answer(items, "list")
+    assert formatted == sorted(set(formatted)) and set(formatted) == {i.strip() for i in items}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(words, min_size=1, max_size=12), st.booleans())
+def test_a_json_array_is_read_back_even_in_a_fence(items, fenced):
+    text = json.dumps(items)
+    if fenced:
+        text = f"Here you go:\n```json\n{text}\n```"
+    assert items_from_text(text) == [i.strip() for i in items]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[a-z]{3,8}", fullmatch=True), st.lists(st.from_regex(r"[a-z]{1,8}", fullmatch=True)))
+def test_a_deny_keyword_decides_exactly_when_it_appears_as_a_word(keyword, others):
+    policy = PolicyDoc.model_validate({"rules": [{"id": "k", "type": "deny", "keywords": [keyword]}]})
+    text = " ".join(others)
+    assert evaluate(policy, [text]).compliant == (keyword not in others)
+    assert not evaluate(policy, [f"{text} {keyword.upper()}."]).compliant
