@@ -78,7 +78,8 @@ def _unique(ids: list[str]) -> list[str]:
 
 
 def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
-    """A data part with the keys, or a text part holding the JSON; nothing else is guessed at."""
+    """A data part with the keys, a text part holding that JSON, or plain text as the query (top 5);
+    JSON of the wrong shape is refused, never guessed at."""
     data = get_data_parts(parts)
     if data:
         return SearchRequest.parse(data[0], max_chars)
@@ -87,8 +88,8 @@ def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
         raise BadRequest('send a text part with JSON like {"query": "...", "top_k": 5}')
     try:
         payload = json.loads(text)
-    except json.JSONDecodeError:
-        raise BadRequest('message text is not JSON; send {"query": "...", "top_k": 5}') from None
+    except json.JSONDecodeError:  # plain words, as chat UIs and generic clients send: the question itself
+        payload = {"query": text}
     return SearchRequest.parse(payload, max_chars)
 
 
@@ -192,7 +193,8 @@ def agent_card(url: str, solver: bool = False) -> AgentCard:
                 id=SKILL_ID,
                 name="NFCorpus retrieval",
                 description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
-                "(or a data part with those keys; optional filters {document_types, date_range, document_ids, "
+                "(or a data part with those keys, or plain text: the question, top 5; optional filters "
+                "{document_types, date_range, document_ids, "
                 "metadata key: value} and similarity_threshold 0..1). Output: one artifact with one data part "
                 '{"doc_ids": [...]} holding top_k ranked, unique NFCorpus document ids.',
                 tags=["retrieval", "search", "nfcorpus", "medical"],

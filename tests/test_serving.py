@@ -184,6 +184,8 @@ def test_a2a_v1_client_text_and_data_parts(server):
     assert len(ids) == 4 and len(set(ids)) == 4 and "D-broccoli-3" in ids
     ids = _only_doc_ids(_a2a_v1(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
     assert len(ids) == 5 and ids[0].startswith("D-arsenic")
+    plain = _only_doc_ids(_a2a_v1(server["a2a"], [Part(text="Hello, is arsenic in rice a problem?")]))
+    assert len(plain) == 5 and plain[0].startswith("D-arsenic")  # plain text is the question itself
     narrowed = {"query": "arsenic in rice", "top_k": 5, "filters": {"document_ids": ["D-soy-1", "D-meat-2"]}}
     assert sorted(_only_doc_ids(_a2a_v1(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
 
@@ -191,8 +193,8 @@ def test_a2a_v1_client_text_and_data_parts(server):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("vitamin d please", "not JSON"),
         (json.dumps({"top_k": 5}), "'query' must be a non-empty string"),
+        (json.dumps([1, 2]), "expected a JSON object"),
         (json.dumps({"query": "  "}), "'query' must be a non-empty string"),
         (json.dumps({"query": "x", "top_k": 101}), "'top_k' must be an integer from 1 to 100"),
         (json.dumps({"query": "x", "top_k": 2.5}), "'top_k' must be an integer"),
