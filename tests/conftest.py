@@ -98,6 +98,12 @@ def engine(index_dir):
     return HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False))
 
 
+def jsonrpc_send(data: dict, message_id: str = "m1") -> dict:
+    """An A2A 0.3 ``message/send`` request carrying ``data`` as its one data part."""
+    message = {"role": "user", "messageId": message_id, "kind": "message", "parts": [{"kind": "data", "data": data}]}
+    return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, free_port, start_server, stop_server
+from tests.conftest import CLI, ROOT, free_port, jsonrpc_send, start_server, stop_server
 
 KEYS = {
     "System": "hsk-system-key-0123456789",
@@ -482,19 +482,7 @@ def test_all_doors_behind_keys_when_configured(index_dir, tmp_path):
         assert httpx.post(f"{url}/search_nfcorpus", json=body, headers=good).status_code == 200
         assert httpx.post(f"{url}/mcp", json={}).status_code == 401
         assert httpx.get(f"{a2a}/.well-known/agent-card.json").status_code == 200  # cards stay public
-        rpc = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {
-                "message": {
-                    "role": "user",
-                    "messageId": "m",
-                    "kind": "message",
-                    "parts": [{"kind": "data", "data": body}],
-                }
-            },
-        }
+        rpc = jsonrpc_send(body)
         assert httpx.post(f"{a2a}/", json=rpc).status_code == 401
         reply = httpx.post(f"{a2a}/", json=rpc, headers=good, timeout=60).json()
         assert reply["result"]["status"]["state"] == "completed"

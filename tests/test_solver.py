@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from agents.formatter import format_answer, items_from_text
 from agents.policy import PolicyDoc, evaluate
+from tests.conftest import jsonrpc_send
 
 PATH = "/api/a2a/purple-agent"
 NO_DOSING = {
@@ -95,24 +96,7 @@ def test_bad_tasks_are_422_naming_the_problem(server, body, names):
 def test_the_solver_is_a_second_a2a_skill(server):
     card = httpx.get(server["a2a"] + "/.well-known/agent-card.json").json()
     assert [s["id"] for s in card["skills"]] == ["nfcorpus_retrieval", "benchmark_solver"]
-    rpc = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "message/send",
-        "params": {
-            "message": {
-                "role": "user",
-                "messageId": "m1",
-                "kind": "message",
-                "parts": [
-                    {
-                        "kind": "data",
-                        "data": {"task_id": "a2a-1", "task": "coffee and liver enzymes", "policy_doc": NO_DOSING},
-                    }
-                ],
-            }
-        },
-    }
+    rpc = jsonrpc_send({"task_id": "a2a-1", "task": "coffee and liver enzymes", "policy_doc": NO_DOSING})
     result = httpx.post(server["a2a"] + "/", json=rpc, timeout=120).json()["result"]
     assert result["status"]["state"] == "completed"
     data = result["artifacts"][0]["parts"][0]["data"]
