@@ -77,6 +77,18 @@ def _unique(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def solver_task(parts: list[Part]) -> dict | None:
+    """A solver task (an object with ``task``), as a data part or as JSON text; else None."""
+    data = get_data_parts(parts)
+    if data:
+        return data[0] if isinstance(data[0], dict) and "task" in data[0] else None
+    try:
+        payload = json.loads("".join(get_text_parts(parts)))
+    except json.JSONDecodeError:
+        return None
+    return payload if isinstance(payload, dict) and "task" in payload else None
+
+
 def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
     """A data part with the keys, a text part holding that JSON, or plain text as the query (top 5);
     JSON of the wrong shape is refused, never guessed at."""
@@ -114,9 +126,9 @@ class RetrievalExecutor(AgentExecutor):
             task = new_task_from_user_message(context.message)
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
-        data = get_data_parts(list(context.message.parts))
-        if self.solve is not None and data and isinstance(data[0], dict) and "task" in data[0]:
-            await self._solve(updater, data[0])
+        task_payload = solver_task(list(context.message.parts)) if self.solve is not None else None
+        if task_payload is not None:
+            await self._solve(updater, task_payload)
             return
         try:
             request = parse_message(list(context.message.parts), self.max_chars)

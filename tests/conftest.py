@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -102,6 +104,24 @@ def jsonrpc_send(data: dict, message_id: str = "m1") -> dict:
     """An A2A 0.3 ``message/send`` request carrying ``data`` as its one data part."""
     message = {"role": "user", "messageId": message_id, "kind": "message", "parts": [{"kind": "data", "data": data}]}
     return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+
+
+def a2a_v1_send(url: str, parts) -> object:
+    """Send ``parts`` with the official a2a-sdk 1.x client; the final task."""
+    from a2a.client import ClientConfig, create_client
+    from a2a.types.a2a_pb2 import Message, Role, SendMessageRequest
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await create_client(url, client_config=ClientConfig(httpx_client=http, streaming=False))
+            message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=parts)
+            task = None
+            async for event in client.send_message(SendMessageRequest(message=message)):
+                if event.HasField("task"):
+                    task = event.task
+            return task
+
+    return asyncio.run(run())
 
 
 def free_port() -> int:

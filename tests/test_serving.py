@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port, start_server, stop_server
+from tests.conftest import ROOT, a2a_v1_send, free_port, start_server, stop_server
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
 
@@ -142,23 +142,6 @@ def test_agent_card_at_well_known_path_and_root(server):
         assert card["name"] and card["description"] and card["version"]
 
 
-def _a2a_v1(url: str, parts) -> object:
-    from a2a.client import ClientConfig, create_client
-    from a2a.types.a2a_pb2 import Message, Role, SendMessageRequest
-
-    async def run():
-        async with httpx.AsyncClient(timeout=60) as http:
-            client = await create_client(url, client_config=ClientConfig(httpx_client=http, streaming=False))
-            message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=parts)
-            task = None
-            async for event in client.send_message(SendMessageRequest(message=message)):
-                if event.HasField("task"):
-                    task = event.task
-            return task
-
-    return asyncio.run(run())
-
-
 def _only_doc_ids(task) -> list[str]:
     from a2a.types.a2a_pb2 import TaskState
     from google.protobuf.json_format import MessageToDict
@@ -177,17 +160,17 @@ def test_a2a_v1_client_text_and_data_parts(server):
     from a2a.helpers.proto_helpers import new_data_part
     from a2a.types.a2a_pb2 import Part
 
-    task = _a2a_v1(
+    task = a2a_v1_send(
         server["a2a"], [Part(text=json.dumps({"query": "broccoli sulforaphane markerbroccoli3", "top_k": 4}))]
     )
     ids = _only_doc_ids(task)
     assert len(ids) == 4 and len(set(ids)) == 4 and "D-broccoli-3" in ids
-    ids = _only_doc_ids(_a2a_v1(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
+    ids = _only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
     assert len(ids) == 5 and ids[0].startswith("D-arsenic")
-    plain = _only_doc_ids(_a2a_v1(server["a2a"], [Part(text="Hello, is arsenic in rice a problem?")]))
+    plain = _only_doc_ids(a2a_v1_send(server["a2a"], [Part(text="Hello, is arsenic in rice a problem?")]))
     assert len(plain) == 5 and plain[0].startswith("D-arsenic")  # plain text is the question itself
     narrowed = {"query": "arsenic in rice", "top_k": 5, "filters": {"document_ids": ["D-soy-1", "D-meat-2"]}}
-    assert sorted(_only_doc_ids(_a2a_v1(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
+    assert sorted(_only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
 
 
 @pytest.mark.parametrize(
@@ -205,7 +188,7 @@ def test_a2a_v1_client_text_and_data_parts(server):
 def test_a2a_bad_input_fails_the_task_with_a_reason(server, text, message):
     from a2a.types.a2a_pb2 import Part, TaskState
 
-    task = _a2a_v1(server["a2a"], [Part(text=text)])
+    task = a2a_v1_send(server["a2a"], [Part(text=text)])
     assert task.status.state == TaskState.TASK_STATE_FAILED
     assert message in task.status.message.parts[0].text
     assert len(task.artifacts) == 0
@@ -270,8 +253,8 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
         from a2a.types.a2a_pb2 import Part
 
         payload = json.dumps({"query": "blueberries and memory", "top_k": 4})
-        relayed = _only_doc_ids(_a2a_v1(f"http://127.0.0.1:{port}", [Part(text=payload)]))
-        direct = _only_doc_ids(_a2a_v1(server["a2a"], [Part(text=payload)]))
+        relayed = _only_doc_ids(a2a_v1_send(f"http://127.0.0.1:{port}", [Part(text=payload)]))
+        direct = _only_doc_ids(a2a_v1_send(server["a2a"], [Part(text=payload)]))
         assert relayed == direct and len(relayed) == 4
     finally:
         assert stop_server(proc) == 0

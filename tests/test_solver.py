@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import string
+import subprocess
 
 import httpx
 import pytest
@@ -13,9 +14,10 @@ from hypothesis import strategies as st
 
 from agents.formatter import format_answer, items_from_text
 from agents.policy import PolicyDoc, evaluate
-from tests.conftest import jsonrpc_send
+from tests.conftest import ROOT, a2a_v1_send, jsonrpc_send
 
 PATH = "/api/a2a/purple-agent"
+A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
 NO_DOSING = {
     "rules": [
         {
@@ -93,6 +95,30 @@ def test_bad_tasks_are_422_naming_the_problem(server, body, names):
     assert reply.status_code == 422 and names in reply.json()["error"]
 
 
+def test_the_solver_through_the_official_a2a_clients(server):
+    from a2a.helpers.proto_helpers import new_data_part
+    from a2a.types.a2a_pb2 import TaskState
+    from google.protobuf.json_format import MessageToDict
+
+    task = {"task_id": "v1", "task": "broccoli sulforaphane", "expected_format": "single", "policy_doc": NO_DOSING}
+    done = a2a_v1_send(server["a2a"], [new_data_part(task)])
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED
+    data = MessageToDict(done.artifacts[0].parts[0].data)
+    assert data["task_id"] == "v1" and len(data["answers"]) == 1 and data["metadata"]["citations"]
+    if not A2A_V03_PYTHON.exists():
+        pytest.skip("run .ci/run once to create .venv-a2a03")
+    violating = json.dumps({**task, "task_id": "v03", "task": "what dosage of broccoli?"})
+    out = subprocess.run(
+        [str(A2A_V03_PYTHON), str(ROOT / "tests" / "a2a_v03_client.py"), server["a2a"], violating],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    reply = json.loads(out.stdout.strip().splitlines()[-1])
+    assert reply["state"] == "completed" and reply["parsed"]["task_id"] == "v03"
+    assert reply["parsed"]["answers"] == [] and not reply["parsed"]["metadata"]["policy_compliant"]
+
+
 def test_the_solver_is_a_second_a2a_skill(server):
     card = httpx.get(server["a2a"] + "/.well-known/agent-card.json").json()
     assert [s["id"] for s in card["skills"]] == ["nfcorpus_retrieval", "benchmark_solver"]
@@ -131,3 +157,35 @@ def test_a_deny_keyword_decides_exactly_when_it_appears_as_a_word(keyword, other
     text = " ".join(others)
     assert evaluate(policy, [text]).compliant == (keyword not in others)
     assert not evaluate(policy, [f"{text} {keyword.upper()}."]).compliant
+
+
+def test_a_failing_llm_without_fallback_is_a_502(index_dir, tmp_path):
+    import shutil
+
+    from tests.conftest import free_port, start_server, stop_server
+
+    shutil.copytree(index_dir, tmp_path / "index")
+    port, dead = free_port(), free_port()  # nothing listens on `dead`
+    args = [
+        "serve",
+        "--index-dir",
+        str(tmp_path / "index"),
+        "--read-only",
+        "--no-a2a",
+        "--mcp-port",
+        str(port),
+        "--device",
+        "cpu",
+        "--llm-url",
+        f"http://127.0.0.1:{dead}/v1",
+        "--no-llm-fallback",
+        "--trace-db",
+        str(tmp_path / "t.sqlite"),
+    ]
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+    try:
+        reply = httpx.post(f"http://127.0.0.1:{port}{PATH}", json={"task_id": "x", "task": "soy"}, timeout=60)
+        assert reply.status_code == 502 and "LLM server failed" in reply.json()["error"]
+        assert "llm-answers" in httpx.get(f"http://127.0.0.1:{port}{PATH}").json()["capabilities"]
+    finally:
+        assert stop_server(proc) == 0
