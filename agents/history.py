@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agents.responder import SENTENCE_BATCH
 from engine.dense import encode
 from engine.sentences import split_sentences
 
@@ -32,7 +33,7 @@ def compress(history: list[dict], encoder, keep_last: int = 4, budget_tokens: in
     sentences = [s for turn in older for s in split_sentences(turn["content"])]
     if not sentences:
         return Compressed(list(recent), True, None)
-    vectors = encode(encoder, sentences)
+    vectors = encode(encoder, sentences, SENTENCE_BATCH)
     centroid = vectors.mean(axis=0)
     order = np.argsort(-(vectors @ centroid), kind="stable")
     tokenizer = encoder.tokenizer
