@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from agents.responder import Answer, ExtractiveResponder, Source
+from agents.responder import Answer, ExtractiveResponder, Question
 
 INSTRUCTIONS = (
     "Answer the question using only the numbered context. Cite every claim with its number in square"
@@ -37,39 +37,32 @@ class ChatResponder:
         self.client = OpenAI(base_url=url, api_key=api_key or "unused", timeout=timeout_s, max_retries=0)
         self.model, self.fallback, self.allow_fallback = model, fallback, allow_fallback
 
-    def answer(
-        self,
-        question: str,
-        context: list[Source],
-        previous: str | None = None,
-        max_tokens: int = 256,
-        model: str | None = None,
-        temperature: float = 0.0,
-    ) -> Answer:
+    def answer(self, question: Question) -> Answer:
         from openai import OpenAIError
 
         started = time.perf_counter()
+        context, model = question.context, question.model or self.model
         sources = list(dict.fromkeys(c.source or f"context {i + 1}" for i, c in enumerate(context)))
         numbered = "\n\n".join(
             f"[{sources.index(c.source or f'context {i + 1}') + 1}] {c.content}" for i, c in enumerate(context)
         )
         messages = [{"role": "system", "content": INSTRUCTIONS}]
-        if previous:
-            messages.append({"role": "user", "content": previous})
-        messages.append({"role": "user", "content": f"Context:\n{numbered}\n\nQuestion: {question}"})
+        if question.previous:
+            messages.append({"role": "user", "content": question.previous})
+        messages.append({"role": "user", "content": f"Context:\n{numbered}\n\nQuestion: {question.text}"})
         try:
             reply = self.client.chat.completions.create(
-                model=model or self.model, messages=messages, max_tokens=max_tokens, temperature=temperature
+                model=model, messages=messages, max_tokens=question.max_tokens, temperature=question.temperature
             )
             text = (reply.choices[0].message.content or "").strip()
         except (OpenAIError, IndexError) as exc:
             if not self.allow_fallback:
                 raise GenerationFailed(f"LLM server failed: {type(exc).__name__}: {exc}") from None
-            answer = self.fallback.answer(question, context, previous, max_tokens)
+            answer = self.fallback.answer(question)
             answer.text = f"(LLM server failed: {type(exc).__name__}; extractive answer) {answer.text}"
             answer.backend = "extractive-fallback"
             return answer
-        support = self.fallback.answer(question, context, previous, max_tokens)
+        support = self.fallback.answer(question)
         usage = getattr(reply, "usage", None)
         return Answer(
             text=text,
@@ -77,5 +70,5 @@ class ChatResponder:
             confidence=support.confidence,
             tokens=usage.total_tokens if usage and usage.total_tokens else self.fallback.tokens(numbered, text),
             seconds=time.perf_counter() - started,
-            backend=f"llm:{model or self.model}",
+            backend=f"llm:{model}",
         )

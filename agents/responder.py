@@ -33,6 +33,20 @@ class Source:
 
 
 @dataclass
+class Question:
+    """What any responder is asked: the question, its context, the previous user question (for a
+    follow-up) and the generation parameters (``model`` and ``temperature`` are a generator's; an
+    extracted answer has neither)."""
+
+    text: str
+    context: list[Source]
+    previous: str | None = None
+    max_tokens: int = 256
+    model: str | None = None
+    temperature: float = 0.0
+
+
+@dataclass
 class Answer:
     text: str
     sources: list[str]
@@ -64,27 +78,19 @@ class ExtractiveResponder:
             return float(max(known))
         return float(np.clip(np.mean(cosines), 0.0, 1.0)) if cosines else 0.0
 
-    def answer(
-        self,
-        question: str,
-        context: list[Source],
-        previous: str | None = None,
-        max_tokens: int = 256,
-        model: str | None = None,
-        temperature: float = 0.0,
-    ) -> Answer:
-        """``model`` and ``temperature`` are a generator's; an extracted answer has neither."""
+    def answer(self, question: Question) -> Answer:
         started = time.perf_counter()
+        context, previous = question.context, question.previous
         pieces = [(i, s) for i, chunk in enumerate(context) for s in split_sentences(chunk.content)]
         if not pieces:
             return Answer("The context holds nothing to answer from.", [], seconds=time.perf_counter() - started)
         vectors = encode(self.encoder, [s for _, s in pieces], SENTENCE_BATCH)
-        scores = vectors @ encode(self.encoder, [question])[0]
+        scores = vectors @ encode(self.encoder, [question.text])[0]
         if previous:
             scores = scores + FOLLOW_UP_WEIGHT * (vectors @ encode(self.encoder, [previous])[0])
             scores = scores / (1 + FOLLOW_UP_WEIGHT)
         chosen: list[int] = []
-        budget = max_tokens
+        budget = question.max_tokens
         for j in np.argsort(-scores, kind="stable"):
             if len(chosen) == self.max_sentences:
                 break
@@ -105,7 +111,7 @@ class ExtractiveResponder:
             parts.append(f"{pieces[j][1]} [{sources.index(origin) + 1}]")
         text = " ".join(parts)
         confidence = self.confidence([context[pieces[j][0]] for j in chosen], [float(scores[j]) for j in chosen])
-        read = [question, *(c.content for c in context)]
+        read = [question.text, *(c.content for c in context)]
         return Answer(
             text=text,
             sources=sources,

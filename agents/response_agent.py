@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from agents.chat_responder import ChatResponder, GenerationFailed
 from agents.messages import ErrorCode, Message, ResponseRequest, ResponseResult
-from agents.responder import ExtractiveResponder, Source
+from agents.responder import ExtractiveResponder, Question, Source
 from agents.router import AgentError
 
 
@@ -25,16 +25,11 @@ class LLMResponseAgent:
     async def handle(self, message: Message, payload: BaseModel) -> tuple[str, BaseModel]:
         request: ResponseRequest = payload  # type: ignore[assignment]
         previous = next((t.content for t in reversed(request.conversation_history) if t.role == "user"), None)
+        params = request.generation_params
+        context = [Source(c.content, c.source, c.similarity_score) for c in request.context_chunks]
+        question = Question(request.user_query, context, previous, params.max_tokens, params.model, params.temperature)
         try:
-            answer = await asyncio.to_thread(
-                self.responder.answer,
-                request.user_query,
-                [Source(c.content, c.source, c.similarity_score) for c in request.context_chunks],
-                previous,
-                request.generation_params.max_tokens,
-                request.generation_params.model,
-                request.generation_params.temperature,
-            )
+            answer = await asyncio.to_thread(self.responder.answer, question)
         except GenerationFailed as exc:
             raise AgentError(ErrorCode.GENERATION_FAILED, str(exc)) from None
         return "RESPONSE_RESULT", ResponseResult(

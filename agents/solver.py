@@ -17,7 +17,7 @@ from agents.formatter import Format, format_answer, items_from_text
 from agents.history import compress
 from agents.messages import Turn
 from agents.policy import PolicyDoc, evaluate
-from agents.responder import ExtractiveResponder, Source
+from agents.responder import ExtractiveResponder, Question, Source
 
 AGENT_NAME = "hybrid-search purple agent"
 VERSION = "0.2.0"
@@ -73,7 +73,7 @@ class Solver:
         sources = [Source(h.text, h.document_id, h.similarity_score) for h in hits]
         if request.context:
             sources.append(Source(request.context, "context"))
-        answer = self.responder.answer(request.task, sources, previous)
+        answer = self.responder.answer(Question(request.task, sources, previous))
         items = answer.sentences if answer.sentences else items_from_text(answer.text)
         citations = [s for s in answer.sources if s != "context"]
         metadata.update(

@@ -130,6 +130,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_args(index: Path, mcp_port: int, *extra: str, a2a_port: int | None = None) -> list[str]:
+    """``hybrid-search serve`` of ``index`` on the CPU and loopback ports (no A2A side without a port)."""
+    a2a = ["--a2a-port", str(a2a_port)] if a2a_port else ["--no-a2a"]
+    return ["serve", "--index-dir", str(index), "--mcp-port", str(mcp_port), *a2a, "--device", "cpu", *extra]
+
+
 def start_server(args: list[str], health_url: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(CLI + args, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
@@ -156,19 +162,7 @@ def server(index_dir, tmp_path_factory):
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
     proc = start_server(
-        [
-            "serve",
-            "--index-dir",
-            str(index_dir),
-            "--mcp-port",
-            str(mcp_port),
-            "--a2a-port",
-            str(a2a_port),
-            "--device",
-            "cpu",
-            "--query-timeout",
-            "20",
-        ],
+        serve_args(index_dir, mcp_port, "--query-timeout", "20", a2a_port=a2a_port),
         f"http://127.0.0.1:{mcp_port}/health",
         log,
     )

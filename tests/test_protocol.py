@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, free_port, jsonrpc_send, start_server, stop_server
+from tests.conftest import CLI, ROOT, free_port, jsonrpc_send, serve_args, start_server, stop_server
 
 KEYS = {
     "System": "hsk-system-key-0123456789",
@@ -39,20 +39,7 @@ def protocol(index_dir, tmp_path_factory):
             lines.append('rate = "2/minute"')
     (tmp / "keys.toml").write_text("\n".join(lines) + "\n")
     port = free_port()
-    args = [
-        "serve",
-        "--index-dir",
-        str(tmp / "index"),
-        "--mcp-port",
-        str(port),
-        "--no-a2a",
-        "--device",
-        "cpu",
-        "--agent-keys",
-        str(tmp / "keys.toml"),
-        "--trace-db",
-        str(tmp / "traces.sqlite"),
-    ]
+    args = serve_args(tmp / "index", port, "--agent-keys", str(tmp / "keys.toml"), "--trace-db", str(tmp / "t.sqlite"))
     proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp / "serve.log")
     yield f"http://127.0.0.1:{port}"
     assert stop_server(proc) == 0
@@ -415,7 +402,7 @@ def chat_server():
 
 def test_llm_backend_and_its_fallback(engine, chat_server, tmp_path):
     from agents.chat_responder import ChatResponder
-    from agents.responder import ExtractiveResponder, Source
+    from agents.responder import ExtractiveResponder, Question, Source
 
     url, seen, stop = chat_server
     responder = ChatResponder(url, "tiny-llm", None, ExtractiveResponder(engine.dense.encoder), timeout_s=5)
@@ -423,7 +410,7 @@ def test_llm_backend_and_its_fallback(engine, chat_server, tmp_path):
         Source("Millet is a drought tolerant grain. It grows in Africa.", "millet.md"),
         Source("Coffee contains caffeine.", "coffee.md"),
     ]
-    answer = responder.answer("Which grain tolerates drought?", context, None, max_tokens=64, temperature=0.3)
+    answer = responder.answer(Question("Which grain tolerates drought?", context, max_tokens=64, temperature=0.3))
     assert answer.text.startswith("From the context: Millet is a drought tolerant grain") and answer.text.endswith(
         "[1]"
     )
@@ -432,7 +419,7 @@ def test_llm_backend_and_its_fallback(engine, chat_server, tmp_path):
     assert sent["model"] == "tiny-llm" and sent["max_tokens"] == 64 and sent["temperature"] == 0.3
     assert "[2] Coffee contains caffeine." in sent["messages"][-1]["content"]
     stop()
-    down = responder.answer("Which grain tolerates drought?", context)
+    down = responder.answer(Question("Which grain tolerates drought?", context))
     assert down.text.startswith("(LLM server failed: APIConnectionError; extractive answer)")
     assert "drought tolerant grain" in down.text and down.backend == "extractive-fallback"
 
@@ -456,23 +443,10 @@ def test_all_doors_behind_keys_when_configured(index_dir, tmp_path):
         f'[agents.Evaluator]\nkey_sha256 = "{hash_key("hsk-evaluator-0123456789")}"\nmessage_types = []\n'
     )
     mcp_port, a2a_port = free_port(), free_port()
-    args = [
-        "serve",
-        "--index-dir",
-        str(tmp_path / "index"),
-        "--read-only",
-        "--mcp-port",
-        str(mcp_port),
-        "--a2a-port",
-        str(a2a_port),
-        "--device",
-        "cpu",
-        "--agent-keys",
-        str(tmp_path / "keys.toml"),
-        "--key-all-doors",
-        "--trace-db",
-        str(tmp_path / "t.sqlite"),
-    ]
+    keys = ["--agent-keys", str(tmp_path / "keys.toml"), "--key-all-doors"]
+    args = serve_args(
+        tmp_path / "index", mcp_port, "--read-only", *keys, "--trace-db", str(tmp_path / "t.sqlite"), a2a_port=a2a_port
+    )
     proc = start_server(args, f"http://127.0.0.1:{mcp_port}/health", tmp_path / "serve.log")
     try:
         url, a2a = f"http://127.0.0.1:{mcp_port}", f"http://127.0.0.1:{a2a_port}"

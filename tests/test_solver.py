@@ -162,26 +162,12 @@ def test_a_deny_keyword_decides_exactly_when_it_appears_as_a_word(keyword, other
 def test_a_failing_llm_without_fallback_is_a_502(index_dir, tmp_path):
     import shutil
 
-    from tests.conftest import free_port, start_server, stop_server
+    from tests.conftest import free_port, serve_args, start_server, stop_server
 
     shutil.copytree(index_dir, tmp_path / "index")
     port, dead = free_port(), free_port()  # nothing listens on `dead`
-    args = [
-        "serve",
-        "--index-dir",
-        str(tmp_path / "index"),
-        "--read-only",
-        "--no-a2a",
-        "--mcp-port",
-        str(port),
-        "--device",
-        "cpu",
-        "--llm-url",
-        f"http://127.0.0.1:{dead}/v1",
-        "--no-llm-fallback",
-        "--trace-db",
-        str(tmp_path / "t.sqlite"),
-    ]
+    llm = ["--llm-url", f"http://127.0.0.1:{dead}/v1", "--no-llm-fallback"]
+    args = serve_args(tmp_path / "index", port, "--read-only", *llm, "--trace-db", str(tmp_path / "t.sqlite"))
     proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
     try:
         reply = httpx.post(f"http://127.0.0.1:{port}{PATH}", json={"task_id": "x", "task": "soy"}, timeout=60)
