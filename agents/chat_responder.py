@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from agents.responder import Answer, ExtractiveResponder, Question
+from engine.health import FailureCount
 
 INSTRUCTIONS = (
     "Answer the question using only the numbered context. Cite every claim with its number in square"
@@ -36,6 +37,7 @@ class ChatResponder:
 
         self.client = OpenAI(base_url=url, api_key=api_key or "unused", timeout=timeout_s, max_retries=0)
         self.model, self.fallback, self.allow_fallback = model, fallback, allow_fallback
+        self.health = FailureCount()  # /health and /metrics show a failing server, not only the answers
 
     def answer(self, question: Question) -> Answer:
         from openai import OpenAIError
@@ -56,12 +58,14 @@ class ChatResponder:
             )
             text = (reply.choices[0].message.content or "").strip()
         except (OpenAIError, IndexError) as exc:
+            self.health.failed(exc)
             if not self.allow_fallback:
                 raise GenerationFailed(f"LLM server failed: {type(exc).__name__}: {exc}") from None
             answer = self.fallback.answer(question)
             answer.text = f"(LLM server failed: {type(exc).__name__}; extractive answer) {answer.text}"
             answer.backend = "extractive-fallback"
             return answer
+        self.health.ok()
         support = self.fallback.answer(question)
         usage = getattr(reply, "usage", None)
         return Answer(

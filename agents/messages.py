@@ -122,6 +122,7 @@ class ErrorCode(StrEnum):
     INGESTION_FAILED = "INGESTION_FAILED"
     GENERATION_FAILED = "GENERATION_FAILED"
     TIMEOUT = "TIMEOUT"
+    OVERLOADED = "OVERLOADED"
     INTERNAL = "INTERNAL"
 
 
@@ -139,6 +140,7 @@ ERRORS: dict[ErrorCode, tuple[bool, str]] = {
     ErrorCode.INGESTION_FAILED: (True, "retry the same message: ingestion is idempotent by document_id"),
     ErrorCode.GENERATION_FAILED: (True, "retry, or ask without generation_params.model for the extractive answer"),
     ErrorCode.TIMEOUT: (True, "retry later or with a smaller top_k / fewer context chunks"),
+    ErrorCode.OVERLOADED: (True, "the server is at capacity: wait for the Retry-After seconds, then send again"),
     ErrorCode.INTERNAL: (False, "report it with the trace_id; the server log has the details"),
 }
 

@@ -18,6 +18,7 @@ from agents.messages import (
     RetrievedChunk,
 )
 from agents.router import AgentError
+from engine.live import NotYetSearchable
 from engine.pipeline import HybridEngine
 
 
@@ -71,8 +72,10 @@ class RetrievalAgent:
     def _ingest(self, document: DocumentIngestion, wait: bool) -> IngestionAck:
         try:
             ack = self.engine.live.upsert(document, wait=wait)
-        except OSError as exc:
+        except OSError as exc:  # a full disk (StorageFull) among them: nothing was logged
             raise AgentError(ErrorCode.INGESTION_FAILED, f"could not log the document: {exc}") from None
+        except NotYetSearchable as exc:  # logged and kept, but the wait for it to be searchable failed
+            raise AgentError(ErrorCode.INGESTION_FAILED, str(exc)) from None
         return IngestionAck(
             document_id=ack["document_id"],
             chunks_indexed=ack["chunks"],

@@ -117,6 +117,12 @@ class Settings(BaseSettings):
     public_url: str | None = Field(None, description="A2A URL advertised in the agent card")
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(4000, ge=1)
+    max_in_flight: int = Field(
+        4, ge=1, description="requests doing engine work at once per process (searches, answers, writes); more wait"
+    )
+    max_queue_s: float = Field(
+        2.0, ge=0, description="longest a request waits for a slot before a fast 503 with Retry-After (0: none)"
+    )
 
     @field_validator("reranker", "public_url", "memory_split", "agent_keys", "llm_url", "llm_api_key", mode="before")
     @classmethod

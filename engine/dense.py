@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.index_dir import IndexDirError
+from engine.index_dir import DOCS_FILE, IndexDirError
 from engine.progress import track
 
 
@@ -112,9 +112,13 @@ class DenseRetriever:
     ) -> None:
         import faiss
 
-        index = faiss.read_index(str(faiss_path))
+        try:
+            index = faiss.read_index(str(faiss_path))
+        except RuntimeError as exc:  # FAISS's message ends with what it could not read
+            cause = str(exc).rsplit("Error: ", 1)[-1].strip()
+            raise IndexDirError(f"{faiss_path}: unreadable dense index ({cause}); rebuild the index") from None
         if not isinstance(index, faiss.IndexIDMap2):
-            raise ValueError(f"{faiss_path}: not an id-mapped index (built before format 2); rebuild the index")
+            raise IndexDirError(f"{faiss_path}: not an id-mapped index (built before format 2); rebuild the index")
         base = faiss.downcast_index(index.index)
         if hasattr(base, "hnsw"):
             base.hnsw.efSearch = ef_search
@@ -126,10 +130,17 @@ class DenseRetriever:
         self.encoder = encoder
 
     def bind(self, units: dict[int, str]) -> None:
-        """Name the rows (the document store's map); refuses an index that disagrees with it."""
-        if self._index.ntotal != len(units):
+        """Name the rows (the document store's map); refuses an index whose rows are not the store's,
+        which would answer with the wrong documents or none."""
+        import faiss
+
+        ids = np.sort(faiss.vector_to_array(self._index.id_map))
+        rows = np.sort(np.fromiter(units, dtype=np.int64, count=len(units)))
+        if not np.array_equal(ids, rows):
+            strays = len(np.setdiff1d(ids, rows)) + len(np.setdiff1d(rows, ids))
             raise IndexDirError(
-                f"{self.path}: {self._index.ntotal} vectors for {len(units)} documents in the store; rebuild the index"
+                f"{self.path}: {len(ids)} vectors for {len(rows)} documents in the store ({DOCS_FILE}), {strays}"
+                " of their rows unmatched; rebuild the index"
             )
         self.units = dict(units)
         self.rows = {u: r for r, u in self.units.items()}

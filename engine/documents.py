@@ -22,7 +22,13 @@ from pydantic import (
 )
 
 Scalar = str | int | float | bool
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
+# a character Python's str.strip() keeps: JSON Schema's \s lacks the separators \x1c-\x1f it strips
+NON_BLANK = r"[^\s\x1c-\x1f]"
+Name = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=512),
+    Field(json_schema_extra={"pattern": NON_BLANK}),  # blank is refused after stripping: say so in the schema
+]
 # reserved document metadata with a meaning of their own (filters read them)
 DOCUMENT_TYPE, DATE = "document_type", "date"
 
@@ -83,7 +89,13 @@ class Filters(BaseModel):
     """Narrow a search; every given condition must hold. Any key besides the three named ones is
     equality on that metadata key (a chunk's own metadata first, then its document's)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "additionalProperties": {"type": ["string", "number", "boolean"]},
+            "propertyNames": {"pattern": NON_BLANK},
+        },
+    )
 
     document_types: list[Name] | None = Field(None, min_length=1)
     date_range: tuple[date | None, date | None] | None = None
@@ -102,7 +114,9 @@ class Filters(BaseModel):
     def _equalities(self) -> Filters:
         for key, value in (self.model_extra or {}).items():
             if not isinstance(value, Scalar) or not key.strip():
-                raise ValueError(f"filter {key!r} must be a string, number or boolean (metadata equality)")
+                raise ValueError(
+                    f"filter {key!r} must be a non-blank metadata key equal to a string, number or boolean"
+                )
         return self
 
     @property

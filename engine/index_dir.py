@@ -58,7 +58,7 @@ def read_manifest(index_dir: Path) -> Manifest:
         raise IndexDirError(f"{index_dir}: no {MANIFEST_FILE}, so the build did not finish; rebuild it")
     try:
         manifest = Manifest(**json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # unreadable, not UTF-8, not JSON, not a manifest's fields
         raise IndexDirError(f"{path}: unreadable manifest ({exc}); rebuild the index") from None
     if manifest.format_version != FORMAT_VERSION:
         raise IndexDirError(

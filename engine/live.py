@@ -4,19 +4,21 @@ The write path, one writer at a time:
 
 1. the document is validated and its chunks encoded (outside any lock);
 2. a record (the whole document, its new dense rows, the rows it replaces, its vectors) is
-   appended to the write-ahead log and fsynced: from here the write is acknowledged;
+   appended to the write-ahead log and fsynced: from here the write is acknowledged (an append
+   that does not fit on the disk is cut back and refused: nothing half-written is ever logged);
 3. at the next refresh (every ``refresh_interval_s``, or at once when a caller waits for it) the
    pending records are applied to SQLite, FAISS and Lucene under the view lock, and Lucene's
    near-real-time reader is reopened. Searches hold the view lock's shared side while they
    retrieve, so a search sees every store before a refresh or every store after it, never half
-   a document;
+   a document. A refresh that fails (a full disk) keeps its records pending for the next one;
 4. a checkpoint (Lucene commit, ``dense-<seq>.faiss`` written to a temporary file and renamed,
    SQLite's WAL checkpointed, directory fsynced) lets the log be emptied.
 
 Every store remembers the last record it holds (Lucene's commit data, the dense checkpoint's
 file name, SQLite's ``applied_seq``), so recovery replays each store from its own position and
-a record is never applied twice. Records carry everything a store needs (rows are allocated when
-the record is written), so replay is deterministic.
+a record is never applied twice (in memory too: ``applied`` keeps each store's position, so a
+refresh retried after a failure skips what a store already took). Records carry everything a
+store needs (rows are allocated when the record is written), so replay is deterministic.
 """
 
 from __future__ import annotations
@@ -38,10 +40,16 @@ from engine.wal import WriteAheadLog, fsync_dir
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "writer.lock"
+STORES = ("store", "dense", "lucene")
 
 
 class DocumentNotFound(KeyError):
     """No document with that id (nothing was changed)."""
+
+
+class NotYetSearchable(RuntimeError):
+    """The write is logged (acknowledged, durable) but applying it to the stores failed; it is
+    retried at every refresh and replayed at the next start."""
 
 
 class ViewLock:
@@ -96,6 +104,8 @@ class LiveIndex:
         self._latest: dict[str, dict] = {}  # document id -> its newest unapplied record
         self.wal = WriteAheadLog(self.index_dir / WAL_FILE)
         self.seq, self.dense_seq = 0, latest_dense(self.index_dir)[1]
+        self.applied: dict[str, int] = {}  # store -> the last record it holds (in memory)
+        self.refresh_error: str | None = None
         self.recovery: dict = {}
         self._recover()
         self.next_row = max(self.engine.store.meta("next_row"), max(self.engine.dense.units, default=-1) + 1)
@@ -108,13 +118,14 @@ class LiveIndex:
         started = time.perf_counter()
         records = self.wal.records()
         engine = self.engine
-        lucene_seq, store_seq = engine.bm25.committed_seq(), engine.store.meta("applied_seq")
+        self.applied = {
+            "store": engine.store.meta("applied_seq"),
+            "dense": self.dense_seq,
+            "lucene": engine.bm25.committed_seq(),
+        }
         for record in records:
-            seq = record["seq"]
-            self._apply_dense(record) if seq > self.dense_seq else None
-            self._apply_lucene(record) if seq > lucene_seq else None
-            self._apply_store(record) if seq > store_seq else None
-        self.seq = max([self.dense_seq, lucene_seq, store_seq, *(r["seq"] for r in records)])
+            self._apply(record)
+        self.seq = max([*self.applied.values(), *(r["seq"] for r in records)])
         engine.bm25.refresh()
         engine.bind_units()
         self.recovery = {"records": len(records), "seconds": round(time.perf_counter() - started, 3)}
@@ -143,7 +154,7 @@ class LiveIndex:
             self._log(record)
             self.next_row += len(rows)
         if wait:
-            self.refresh()
+            self._refresh_logged(record["seq"])
         return {
             "document_id": document.document_id,
             "chunks": len(rows),
@@ -160,7 +171,7 @@ class LiveIndex:
             record = {"seq": self.seq + 1, "op": "delete", "document_id": document_id, "old_rows": old_rows}
             self._log(record)
         if wait:
-            self.refresh()
+            self._refresh_logged(record["seq"])
         return {"document_id": document_id, "deleted_chunks": len(old_rows), "seq": record["seq"]}
 
     def document(self, document_id: str) -> dict | None:
@@ -192,29 +203,55 @@ class LiveIndex:
 
     # applying
     def refresh(self) -> int:
-        """Apply every acknowledged write and make it searchable; returns how many were applied."""
-        with self._write:
-            applied = self._apply_pending()
-            big = self.wal.size > self.checkpoint_bytes
-        if big:
-            self.checkpoint()
+        """Apply every acknowledged write and make it searchable; returns how many were applied.
+
+        A failure (a full disk, say) leaves the writes not yet applied pending, to be retried by the
+        next refresh: they are in the log, and each store takes each record once."""
+        try:
+            with self._write:
+                applied = self._apply_pending()
+                big = self.wal.size > self.checkpoint_bytes
+            if big:
+                self.checkpoint()
+        except Exception as exc:
+            self.refresh_error = _brief(exc)
+            raise
+        self.refresh_error = None
         return applied
 
+    def _refresh_logged(self, seq: int) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:
+            raise NotYetSearchable(
+                f"logged as write {seq} (it is kept, and applied once the index can take it), but not searchable"
+                f" yet: {_brief(exc)}"
+            ) from exc
+
     def _apply_pending(self) -> int:
-        pending, self._pending = self._pending, []
+        pending = self._pending
         if not pending:
             return 0
         with self.engine.view_lock.writing():
-            for record in pending:
-                self._apply_store(record)
-                self._apply_dense(record)
-                self._apply_lucene(record)
-            self.engine.bm25.refresh()
+            try:
+                for record in pending:
+                    self._apply(record)
+            finally:  # what was applied becomes searchable, even when a later record failed
+                self.engine.bm25.refresh()
+        self._pending = []
         for record in pending:
             key = record.get("document_id") or record["document"]["document_id"]
             if self._latest.get(key) is record:
                 del self._latest[key]
         return len(pending)
+
+    def _apply(self, record: dict) -> None:
+        """Apply ``record`` to every store that does not hold it yet (replay and retries skip the others)."""
+        seq = record["seq"]
+        for store, apply in zip(STORES, (self._apply_store, self._apply_dense, self._apply_lucene), strict=True):
+            if seq > self.applied[store]:
+                apply(record)
+                self.applied[store] = seq
 
     def _apply_store(self, record: dict) -> None:
         store = self.engine.store
@@ -253,10 +290,14 @@ class LiveIndex:
             if seq != self.dense_seq:
                 target = dense_checkpoint_path(self.index_dir, seq)
                 tmp = target.with_suffix(".tmp")
-                with engine.view_lock.reading():
-                    engine.dense.save(tmp)
-                with open(tmp, "rb") as fh:
-                    os.fsync(fh.fileno())
+                try:
+                    with engine.view_lock.reading():
+                        engine.dense.save(tmp)
+                    with open(tmp, "rb") as fh:
+                        os.fsync(fh.fileno())
+                except BaseException:  # a full disk: leave no partial file behind (the log still holds it all)
+                    tmp.unlink(missing_ok=True)
+                    raise
                 os.replace(tmp, target)
                 fsync_dir(self.index_dir)
                 for older in self.index_dir.glob("dense*.faiss"):
@@ -270,10 +311,15 @@ class LiveIndex:
 
     def _refresher(self) -> None:
         while not self._stop.wait(self.refresh_interval_s):
+            failing = self.refresh_error
             try:
                 self.refresh()
-            except Exception:  # keep refreshing; the write stays in the log for the next try
-                log.exception("refresh failed")
+            except Exception:  # keep refreshing; the writes stay pending (and logged) for the next try
+                if self.refresh_error != failing:  # say it once, not every interval
+                    log.error("refresh failed (%s); %d writes wait, logged", self.refresh_error, len(self._pending))
+            else:
+                if failing:
+                    log.info("refresh works again")
 
     def status(self) -> dict:
         return {
@@ -281,6 +327,7 @@ class LiveIndex:
             "pending": len(self._pending),
             "log_bytes": self.wal.size,
             "refresh_interval_s": self.refresh_interval_s,
+            "refresh_error": self.refresh_error,
             "recovered": self.recovery,
         }
 
@@ -288,9 +335,18 @@ class LiveIndex:
         """Stop refreshing and checkpoint, so the next start has nothing to replay."""
         self._stop.set()
         self._thread.join()
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except Exception as exc:  # a full disk, say: the log keeps every write for the next start to replay
+            log.error("checkpoint at close failed (%s); the next start replays the log", _brief(exc))
         self.wal.close()
         self._lock_fh.close()
+
+
+def _brief(exc: BaseException) -> str:
+    """One line for health and logs (a Java exception's text carries its whole stack)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _without_title(chunk: dict) -> dict:

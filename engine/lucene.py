@@ -13,6 +13,7 @@ import threading
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
+from engine.index_dir import IndexDirError
 from engine.java import start_jvm
 
 _TEXT_FIELD = "(Ljava/lang/String;Ljava/lang/CharSequence;Lorg/apache/lucene/index/IndexableFieldType;)V"
@@ -68,6 +69,13 @@ class _Java:
         self.sort = self.Sort(self.SortField.FIELD_SCORE, self.SortField("id", self.SortField_Type.STRING_VAL))
 
 
+def _root_cause(exc: Exception) -> str:
+    """The innermost Java exception's line (``NoSuchFileException: <path>`` rather than its wrapper)."""
+    lines = getattr(exc, "stacktrace", None) or [str(exc)]
+    causes = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line == "Caused by:"]
+    return causes[-1] if causes else lines[0]
+
+
 _java: _Java | None = None
 _java_lock = threading.Lock()
 
@@ -86,21 +94,36 @@ class LuceneIndex:
     One writer per index directory (Lucene's write lock enforces it). Searches are thread-safe.
     """
 
-    def __init__(self, path: str | Path, k1: float = 0.9, b: float = 0.4, writable: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, k1: float = 0.9, b: float = 0.4, writable: bool = False, create: bool = False
+    ) -> None:
+        """``create`` starts an empty index (a build); otherwise the index must be there and whole:
+        a missing or damaged file raises IndexDirError naming it (a writer never starts afresh over
+        it, which would delete the files it could not read)."""
         self.j = j = _lucene()
+        from jnius import JavaException  # only once the JVM runs, with the options start_jvm sets
+
         self.path = Path(path)
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
         self._similarity = j.BM25Similarity(float(k1), float(b))
         self._lock = threading.Lock()
         self._writer = None
-        if writable:
-            config = j.IndexWriterConfig(j.analyzer)
-            config.setOpenMode(j.IndexWriterConfig_OpenMode.CREATE_OR_APPEND)
-            config.setSimilarity(self._similarity)
-            self._writer = j.IndexWriter(self._directory, config)
-            self._reader = j.DirectoryReader.open(self._writer)
-        else:
-            self._reader = j.DirectoryReader.open(self._directory)
+        try:
+            if writable:
+                config = j.IndexWriterConfig(j.analyzer)
+                mode = j.IndexWriterConfig_OpenMode.CREATE if create else j.IndexWriterConfig_OpenMode.APPEND
+                config.setOpenMode(mode)
+                config.setSimilarity(self._similarity)
+                self._writer = j.IndexWriter(self._directory, config)
+                self._reader = j.DirectoryReader.open(self._writer)
+            else:
+                self._reader = j.DirectoryReader.open(self._directory)
+        except JavaException as exc:
+            if self._writer is not None:
+                self._writer.rollback()
+            raise IndexDirError(
+                f"{self.path}: unreadable Lucene index ({_root_cause(exc)}); rebuild the index"
+            ) from None
         self._searcher = self._new_searcher(self._reader)
 
     def _new_searcher(self, reader):

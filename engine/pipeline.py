@@ -17,6 +17,7 @@ from engine.dense import DenseRetriever, encode
 from engine.docstore import Chunk, DocStore
 from engine.documents import Filters
 from engine.fusion import blend_reranking, reciprocal_rank_fusion
+from engine.health import FailureCount
 from engine.index_dir import (
     BM25_DIR,
     DOCS_FILE,
@@ -117,6 +118,7 @@ class HybridEngine:
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.reranker = self._load_reranker()
+        self.reranker_health = FailureCount()
 
     def _check_settled(self, index_dir: Path, dense_seq: int) -> None:
         seqs = {self.bm25.committed_seq(), dense_seq, self.store.meta("applied_seq")}
@@ -128,7 +130,14 @@ class HybridEngine:
             )
 
     def bind_units(self) -> None:
+        """Name the dense rows by the store's map; refuses stores that disagree (a missing or stale
+        file), which would otherwise answer with the wrong documents."""
         self.dense.bind(self.store.unit_ids_by_row())
+        if self.bm25.documents != len(self.dense.units):
+            raise IndexDirError(
+                f"{self.bm25.path}: {self.bm25.documents} documents for {len(self.dense.units)} in the store"
+                f" ({DOCS_FILE}); rebuild the index"
+            )
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         """Dense vectors for new chunks, batched, on the engine's device."""
@@ -205,21 +214,23 @@ class HybridEngine:
         and mining see a training query's candidates as a new query would (without its own labels).
         ``filters`` narrow every retriever inside its own search. Retrieval runs under the view
         lock's shared side (a refresh applies writes between searches, never during one); the
-        reranker runs after it, on the texts read under the lock.
+        reranker runs after it, on the texts read under the lock. A reranker that fails leaves the
+        fused order (``reranked`` None) and is counted in ``reranker_health``.
         """
         s = self.settings
         seconds: dict[str, float] = {}
         with self.view_lock.reading():
             t0 = time.perf_counter()
             allowed = self.store.matching(filters) if filters is not None and not filters.empty else None
-            bm25 = self.bm25.search(query, max(s.bm25_depth, top_k), allowed)
+            live = allowed if allowed is not None else self.dense.rows
+            # only chunks the store holds: Lucene's view lags the others when its refresh failed (a full disk)
+            bm25 = [hit for hit in self.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
             t1 = time.perf_counter()
             vector = self.dense.encode_query(query)
             t_enc = time.perf_counter()
             rows = list(allowed.values()) if allowed is not None else None
             dense = self.dense.search(vector, max(s.dense_depth, top_k), rows)
             t_dense = time.perf_counter()
-            live = allowed if allowed is not None else self.dense.rows
             memory = self.memory.search(vector, s.memory_depth, exclude, live) if self.memory else []
             t2 = time.perf_counter()
             rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
@@ -233,7 +244,14 @@ class HybridEngine:
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
         if self.reranker is not None and fused:
-            reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude, chunks)
+            try:
+                reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude, chunks)
+            except Exception as exc:  # a failing model must not fail the query: the fused order serves
+                self.reranker_health.failed(exc)
+                log.warning("reranker failed (%s: %s); serving fused results", type(exc).__name__, exc)
+                rerank_scores = {}
+            else:
+                self.reranker_health.ok()
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
         return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks)

@@ -1,13 +1,17 @@
 """The write-ahead log of a live index: every acknowledged write, on disk before the answer.
 
 Each record is ``length (4 bytes) | crc32 (4 bytes) | JSON``, little-endian; a write returns only
-after the file (and, when the file is new, its directory) is fsynced. Reading stops at the first
-record that is short or fails its checksum, a torn tail from a crash mid-append, and truncates the
-file there, so what follows is never mistaken for data.
+after the file (and, when the file is new, its directory) is fsynced. An append that fails (a full
+disk, a file-size limit) is cut back to where it began, so the log never holds half a record that
+was not acknowledged and stays appendable. Reading stops at a torn tail, the one record a crash
+mid-append can leave short or unchecked, and truncates the file there; a damaged record with whole
+records after it is not a torn tail but damage, and is refused rather than cut (that would drop
+acknowledged writes).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -15,8 +19,15 @@ import struct
 import zlib
 from pathlib import Path
 
+from engine.index_dir import IndexDirError
+
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<II")
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+class StorageFull(OSError):
+    """No room for the record (disk full, quota, file-size limit): nothing was logged."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -33,47 +44,87 @@ class WriteAheadLog:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         created = not self.path.exists()
-        self._fh = open(self.path, "ab")  # noqa: SIM115 - held open for the index's life
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._broken: str | None = None  # why appending is refused: a failed append could not be cut back
         if created:
-            os.fsync(self._fh.fileno())
+            os.fsync(self._fd)
             fsync_dir(self.path.parent)
 
     def append(self, record: dict) -> None:
+        """Write and fsync one record, or raise with the log as it was (StorageFull when out of room)."""
+        if self._broken:
+            raise OSError(errno.EIO, self._broken)
         data = json.dumps(record, separators=(",", ":")).encode()
-        self._fh.write(_HEADER.pack(len(data), zlib.crc32(data)) + data)
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        blob = memoryview(_HEADER.pack(len(data), zlib.crc32(data)) + data)
+        start = self.size
+        try:
+            while blob:
+                blob = blob[os.write(self._fd, blob) :]
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._cut_back(start)
+            if exc.errno in _NO_ROOM:
+                raise StorageFull(
+                    f"{self.path}: no room to log the write ({os.strerror(exc.errno)}); nothing was written"
+                ) from None
+            raise
+
+    def _cut_back(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._broken = f"{self.path}: a failed append could not be cut back ({exc}); restart to recover the log"
+            log.error("%s", self._broken)
 
     def records(self) -> list[dict]:
-        """Every whole record in order; a torn or corrupt tail is cut off (and logged)."""
+        """Every whole record in order; a torn tail is cut off (and logged), damage before whole
+        records raises IndexDirError."""
         raw = self.path.read_bytes()
         records, offset = [], 0
         while offset + _HEADER.size <= len(raw):
-            length, crc = _HEADER.unpack_from(raw, offset)
-            data = raw[offset + _HEADER.size : offset + _HEADER.size + length]
-            if len(data) < length or zlib.crc32(data) != crc:
+            record, end = _record_at(raw, offset)
+            if record is None:
+                if end <= len(raw) and _record_at(raw, end)[0] is not None:
+                    raise IndexDirError(
+                        f"{self.path}: record {len(records) + 1} (byte {offset:,}) is damaged and whole records"
+                        f" follow it; restore the file, or truncate it to {offset:,} bytes to keep the"
+                        f" {len(records)} records before it"
+                    )
                 break
-            try:
-                records.append(json.loads(data))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                break
-            offset += _HEADER.size + length
+            records.append(record)
+            offset = end
         if offset < len(raw):
             log.warning(
                 "%s: cut a torn tail of %d bytes after %d whole records", self.path, len(raw) - offset, len(records)
             )
-            self._fh.truncate(offset)
-            os.fsync(self._fh.fileno())
+            os.ftruncate(self._fd, offset)
+            os.fsync(self._fd)
         return records
 
     @property
     def size(self) -> int:
-        return self._fh.tell()
+        return os.fstat(self._fd).st_size
 
     def reset(self) -> None:
         """Empty the log once a checkpoint holds everything in it."""
-        self._fh.truncate(0)
-        os.fsync(self._fh.fileno())
+        os.ftruncate(self._fd, 0)
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        self._fh.close()
+        os.close(self._fd)
+
+
+def _record_at(raw: bytes, offset: int) -> tuple[dict | None, int]:
+    """The record at ``offset`` (None when short, failing its checksum or not JSON) and where it ends."""
+    if offset + _HEADER.size > len(raw):
+        return None, offset + _HEADER.size
+    length, crc = _HEADER.unpack_from(raw, offset)
+    end = offset + _HEADER.size + length
+    data = raw[offset + _HEADER.size : end]
+    if len(data) < length or zlib.crc32(data) != crc:
+        return None, end
+    try:
+        return json.loads(data), end
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, end

@@ -86,7 +86,7 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
 def _build_bm25(path: Path, docs: list[Document], progress: bool) -> None:
     """Title and text in one ``contents`` field, Anserini's analyzer: BEIR "flat". Each record is a
     document of one chunk, so that live updates replace it by its id."""
-    index = LuceneIndex(path, writable=True)
+    index = LuceneIndex(path, writable=True, create=True)
     for doc in track(docs, "BM25 index", "doc", enabled=progress):
         index.add(doc.doc_id, [(doc.doc_id, doc.contents)])
     index.commit(0)

@@ -27,8 +27,12 @@ from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
+from a2a.utils.errors import InvalidParamsError
 from starlette.applications import Starlette
 
+from serving.admission import Overloaded
+from serving.jsonrpc_guard import JsonRpcGuard
+from serving.replies import json_http_errors
 from serving.search_service import BadRequest, QueryTimeout, SearchRequest, SearchService
 
 log = logging.getLogger(__name__)
@@ -123,7 +127,10 @@ class RetrievalExecutor(AgentExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
         if task is None:
-            task = new_task_from_user_message(context.message)
+            try:
+                task = new_task_from_user_message(context.message)
+            except ValueError as exc:  # an empty text part, no parts: the client's mistake, not ours
+                raise InvalidParamsError(f"message: {exc}") from None
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         task_payload = solver_task(list(context.message.parts)) if self.solve is not None else None
@@ -133,7 +140,7 @@ class RetrievalExecutor(AgentExecutor):
         try:
             request = parse_message(list(context.message.parts), self.max_chars)
             doc_ids = await asyncio.wait_for(self.search.doc_ids(request), timeout=self.timeout_s)
-        except (BadRequest, QueryTimeout) as exc:
+        except (BadRequest, QueryTimeout, Overloaded) as exc:
             await self._fail(updater, str(exc))
             return
         except TimeoutError:
@@ -149,7 +156,7 @@ class RetrievalExecutor(AgentExecutor):
     async def _solve(self, updater: TaskUpdater, payload: dict) -> None:
         try:
             answer = await asyncio.wait_for(self.solve(payload), timeout=self.timeout_s)
-        except BadRequest as exc:
+        except (BadRequest, Overloaded) as exc:
             await self._fail(updater, str(exc))
             return
         except TimeoutError:
@@ -225,8 +232,10 @@ def build_a2a_app(
     max_chars: int,
     timeout_s: float,
     solve: Callable[[dict], Awaitable[dict]] | None = None,
-) -> Starlette:
-    """JSON-RPC at ``/`` (1.0 and 0.3), the card at the well-known path and at ``/``."""
+    max_body_bytes: int = 8 << 20,
+) -> JsonRpcGuard:
+    """JSON-RPC at ``/`` (1.0 and 0.3) behind :class:`JsonRpcGuard`, the card at the well-known
+    path and at ``/``."""
     card = agent_card(url, solver=solve is not None)
     handler = DefaultRequestHandler(
         agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
@@ -239,4 +248,4 @@ def build_a2a_app(
         *create_agent_card_routes(card, card_url="/.well-known/agent.json"),
         *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
     ]
-    return Starlette(routes=routes)
+    return JsonRpcGuard(json_http_errors(Starlette(routes=routes)), "/", max_body_bytes)

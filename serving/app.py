@@ -17,6 +17,7 @@ from engine.config import Settings
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
 from serving.mcp_tool import build_mcp_server
 from serving.protocol_routes import hash_key, load_keys
+from serving.replies import json_http_errors
 from serving.search_service import SearchService
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,11 @@ class RequestLog:
 
 
 class KeyGate:
-    """With ``--key-all-doors``: every route but health, metrics, agent cards and ``/v1`` (which
-    checks keys itself, per agent) wants a Bearer key from the agent-keys file; 401 otherwise."""
+    """With ``--key-all-doors``: every route but health, metrics, the OpenAPI document, agent cards
+    and ``/v1`` (which checks keys itself, per agent) wants a Bearer key from the agent-keys file;
+    401 otherwise."""
 
-    OPEN = ("/health", "/metrics", "/.well-known/", "/v1/")
+    OPEN = ("/health", "/metrics", "/openapi.json", "/.well-known/", "/v1/")
 
     def __init__(self, app: ASGIApp, hashes: set[str]) -> None:
         self.app, self.hashes = app, hashes
@@ -87,13 +89,18 @@ def build_apps(
     apps = {}
     if mcp:
         server = build_mcp_server(service)
-        apps["mcp"] = (server.streamable_http_app(host=settings.host), settings.mcp_port)
+        apps["mcp"] = (json_http_errors(server.streamable_http_app(host=settings.host)), settings.mcp_port)
     if a2a:
         url = settings.public_url or f"http://{_display_host(settings.host)}:{settings.a2a_port}/"
         search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
         apps["a2a"] = (
             build_a2a_app(
-                search, url, settings.max_query_chars, settings.query_timeout_s, service.solve if service else None
+                search,
+                url,
+                settings.max_query_chars,
+                settings.query_timeout_s,
+                service.solve if service else None,
+                settings.max_body_bytes,
             ),
             settings.a2a_port,
         )

@@ -215,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)"
     )
+    p.add_argument(
+        "--max-in-flight", type=int, help="requests doing engine work at once (default 4); more wait in a queue"
+    )
+    p.add_argument(
+        "--max-queue",
+        dest="max_queue_s",
+        type=float,
+        help="seconds a request may wait for a slot before 503 + Retry-After (default 2)",
+    )
     p.add_argument("--read-only", action="store_true", help="refuse document writes (POST/DELETE /documents)")
     p.add_argument("--mcp-writes", action="store_true", default=None, help="offer MCP tools that add/delete documents")
     p.add_argument(

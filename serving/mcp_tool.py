@@ -17,71 +17,22 @@ from typing import Annotated
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agents.chat_responder import GenerationFailed
-from engine.live import DocumentNotFound
-from engine.pipeline import Hit
+from engine.live import DocumentNotFound, NotYetSearchable
+from engine.wal import StorageFull
+from serving.admission import Overloaded
+from serving.openapi import openapi_document
 from serving.protocol_routes import ProtocolDoor, load_keys
-from serving.search_service import BadRequest, QueryTimeout, ReadOnly, SearchRequest, SearchService
+from serving.replies import ChunkResponse, SearchResponse, to_chunks, to_response
+from serving.search_service import REFRESH, BadRequest, QueryTimeout, ReadOnly, SearchRequest, SearchService
 
 log = logging.getLogger(__name__)
 TOOL_NAME = "search_nfcorpus"
 SOLVER_PATH = "/api/a2a/purple-agent"
-
-
-class SearchResult(BaseModel):
-    doc_id: str = Field(description="corpus document id, e.g. MED-123")
-    score: float = Field(description="final relevance score (fusion and reranker blended when reranking is on)")
-    title: str
-    text: str
-
-
-class SearchResponse(BaseModel):
-    results: list[SearchResult]
-
-
-class ChunkResult(SearchResult):
-    doc_id: str = Field(description="the chunk's id in the index: the document id, or document_id#chunk_id")
-    document_id: str
-    chunk_id: str
-    source_document: str = Field(description="the document's name")
-    metadata: dict = Field(description="the document's metadata with the chunk's own on top (page, section, ...)")
-    similarity_score: float = Field(
-        description="probability that the hit is relevant (calibrated on training judgments; without them, the"
-        " cosine of query and chunk): what similarity_threshold compares"
-    )
-
-
-class ChunkResponse(BaseModel):
-    results: list[ChunkResult]
-
-
-def to_chunks(hits: list[Hit]) -> ChunkResponse:
-    return ChunkResponse(
-        results=[
-            ChunkResult(
-                doc_id=h.doc_id,
-                score=h.score,
-                title=h.title,
-                text=h.text,
-                document_id=h.document_id,
-                chunk_id=h.chunk_id,
-                source_document=h.source_document,
-                metadata=h.metadata,
-                similarity_score=h.similarity_score,
-            )
-            for h in hits
-        ]
-    )
-
-
-def to_response(hits: list[Hit]) -> SearchResponse:
-    return SearchResponse(
-        results=[SearchResult(doc_id=h.doc_id, score=h.score, title=h.title, text=h.text) for h in hits]
-    )
 
 
 def build_mcp_server(service: SearchService) -> MCPServer:
@@ -101,7 +52,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         try:
             request = SearchRequest.parse({"query": query, "top_k": top_k}, max_chars)
             return to_response(await service.search(request, door="mcp"))
-        except (BadRequest, QueryTimeout) as exc:
+        except (BadRequest, QueryTimeout, Overloaded) as exc:
             raise ToolError(str(exc)) from None
 
     @server.tool(
@@ -118,7 +69,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         payload = {"query": query, "top_k": top_k, "filters": filters, "similarity_threshold": similarity_threshold}
         try:
             return to_chunks(await service.search(SearchRequest.parse(payload, max_chars), door="mcp"))
-        except (BadRequest, QueryTimeout) as exc:
+        except (BadRequest, QueryTimeout, Overloaded) as exc:
             raise ToolError(str(exc)) from None
 
     if service.settings.mcp_writes:
@@ -130,7 +81,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
             payload = {"document_id": document_id, "document_name": document_name, "chunks": chunks}
             try:
                 return await service.upsert({**payload, "metadata": metadata or {}}, wait=True)
-            except (BadRequest, ReadOnly) as exc:
+            except (BadRequest, ReadOnly, Overloaded, StorageFull, NotYetSearchable) as exc:
                 raise ToolError(str(exc)) from None
 
         @server.tool(name="delete_document", description="Delete a document and all its chunks.")
@@ -139,7 +90,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
                 return await service.delete(document_id, wait=True)
             except DocumentNotFound:
                 raise ToolError(f"no document {document_id!r}") from None
-            except ReadOnly as exc:
+            except (ReadOnly, StorageFull, NotYetSearchable) as exc:
                 raise ToolError(str(exc)) from None
 
     def search_route(respond):
@@ -176,6 +127,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         settings.agent_rate,
         settings.max_message_bytes,
         settings.max_body_bytes,
+        service.admission,
     )
     for route in door.routes():
         server.custom_route(route.path, methods=sorted(route.methods - {"HEAD"}))(route.endpoint)
@@ -192,6 +144,12 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> Response:
         return JSONResponse({**service.health(), "agent_protocol": door.describe()})
+
+    spec = openapi_document(settings, keyed_protocol=bool(door.keys))
+
+    @server.custom_route("/openapi.json", methods=["GET"])
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(spec)
 
     @server.custom_route("/metrics", methods=["GET"])
     async def metrics(request: Request) -> Response:
@@ -223,6 +181,12 @@ def _rest(handler):
             return _error(504, str(exc))
         except GenerationFailed as exc:
             return _error(502, str(exc))
+        except StorageFull as exc:  # nothing was logged: the caller may retry once there is room
+            return _error(507, str(exc))
+        except NotYetSearchable as exc:  # logged and kept, but ?refresh=wait_for could not be honoured
+            return _error(503, str(exc))
+        except Overloaded as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": str(exc.retry_after_s)})
 
     return answer
 
@@ -251,7 +215,10 @@ async def _json_body(request: Request, limit: int) -> object:
 
 def _waits(request: Request) -> bool:
     """``?refresh=wait_for`` (as Elasticsearch spells it): answer once the change is searchable."""
-    return request.query_params.get("refresh") in ("wait_for", "true")
+    refresh = request.query_params.get("refresh", "false")
+    if refresh not in REFRESH:
+        raise _HttpError(422, f"refresh must be one of {', '.join(REFRESH)}, got {refresh!r}")
+    return refresh in ("wait_for", "true")
 
 
 def run_stdio(settings) -> None:

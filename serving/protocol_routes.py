@@ -10,6 +10,7 @@ refused message is in the trace store and the audit log.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,6 +28,8 @@ from starlette.routing import Route
 from agents.messages import ErrorCode, Message, schemas
 from agents.router import ROUTER_ID, Router
 from agents.system import SYSTEM_ID, rag_turn
+from serving.admission import Admission, Overloaded
+from serving.search_service import MAX_TOP_K, whole_number
 
 audit = logging.getLogger("hybrid_search.audit")
 _VIEWER = Path(__file__).with_name("trace_viewer.html")
@@ -40,6 +43,7 @@ STATUS = {
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.TIMEOUT: 504,
+    ErrorCode.OVERLOADED: 503,
     ErrorCode.INTERNAL: 500,
 }
 
@@ -85,8 +89,9 @@ class ProtocolDoor:
         default_rate: str = "120/minute",
         max_message_bytes: int = 256 << 10,
         max_ingestion_bytes: int = 8 << 20,
+        admission: Admission | None = None,
     ) -> None:
-        self.router, self.keys = router, keys
+        self.router, self.keys, self.admission = router, keys, admission
         self.default_rate = default_rate
         self.max_message_bytes, self.max_ingestion_bytes = max_message_bytes, max_ingestion_bytes
         self._limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
@@ -186,6 +191,9 @@ class ProtocolDoor:
             )
         return raw, key, None
 
+    def _slot(self, door: str):
+        return self.admission.slot(door) if self.admission is not None else contextlib.nullcontext()
+
     # the routes
     async def post_message(self, request: Request) -> Response:
         raw, key, refused = await self._admit(request)
@@ -198,7 +206,11 @@ class ProtocolDoor:
                 )
             if raw.get("type") not in key.message_types:
                 return self._refused(ErrorCode.FORBIDDEN, f"{key.agent_id} may not send {raw.get('type')!r}", raw)
-        reply = await self.router.send(raw if isinstance(raw, dict) else {"payload": raw})
+        try:
+            async with self._slot("messages"):
+                reply = await self.router.send(raw if isinstance(raw, dict) else {"payload": raw})
+        except Overloaded as exc:
+            return self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
         audit.info(
             "accepted %s from %s: %s",
             raw.get("type") if isinstance(raw, dict) else "?",
@@ -218,13 +230,17 @@ class ProtocolDoor:
         question = raw.get("question") if isinstance(raw, dict) else None
         if not isinstance(question, str) or not question.strip():
             return self._refused(ErrorCode.INVALID_MESSAGE, "'question' must be a non-empty string", {})
-        top_k = raw.get("top_k", 5)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 100:
-            return self._refused(ErrorCode.INVALID_MESSAGE, "'top_k' must be an integer from 1 to 100", {})
+        top_k = whole_number(raw.get("top_k", 5))
+        if top_k is None or not 1 <= top_k <= MAX_TOP_K:
+            return self._refused(ErrorCode.INVALID_MESSAGE, f"'top_k' must be an integer from 1 to {MAX_TOP_K}", {})
         history = raw.get("conversation_history") or []
-        turn = await rag_turn(
-            self.router, question.strip(), raw.get("conversation_id"), history, top_k, raw.get("filters")
-        )
+        try:
+            async with self._slot("rag"):
+                turn = await rag_turn(
+                    self.router, question.strip(), raw.get("conversation_id"), history, top_k, raw.get("filters")
+                )
+        except Overloaded as exc:
+            return self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
         last = turn["messages"][-1]
         status = 200 if last["type"] != "ERROR_MESSAGE" else STATUS.get(ErrorCode(last["payload"]["error_code"]), 503)
         return JSONResponse(turn, status_code=status)

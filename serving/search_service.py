@@ -17,11 +17,21 @@ from agents.system import build_responder, build_router
 from agents.traces import TraceStore
 from engine.config import Settings
 from engine.documents import DocumentIn, Filters, problems
+from engine.health import FailureCount
 from engine.live import DocumentNotFound
 from engine.pipeline import Hit, HybridEngine
+from serving.admission import Admission, Overloaded
 
 log = logging.getLogger(__name__)
 MAX_TOP_K = 100
+REFRESH = ("wait_for", "true", "false")  # ?refresh= on writes: wait_for/true answer once searchable
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as an int when JSON means a whole number (``5`` or ``5.0``, never ``true``), else None."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class BadRequest(ValueError):
@@ -67,11 +77,9 @@ class SearchRequest:
             raise BadRequest("'query' must be a non-empty string")
         if len(query) > max_chars:
             raise BadRequest(f"'query' is {len(query)} characters; the limit is {max_chars}")
-        top_k = payload.get("top_k", 5)
-        if isinstance(top_k, float) and top_k.is_integer():  # JSON numbers may arrive as 5.0
-            top_k = int(top_k)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-            raise BadRequest(f"'top_k' must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+        top_k = whole_number(payload.get("top_k", 5))
+        if top_k is None or not 1 <= top_k <= MAX_TOP_K:
+            raise BadRequest(f"'top_k' must be an integer from 1 to {MAX_TOP_K}, got {payload.get('top_k')!r}")
         return cls(query.strip(), top_k, filters, None if threshold is None else float(threshold))
 
 
@@ -86,7 +94,7 @@ class SearchService:
         self._owns_engine = engine is None
         self.engine = engine or HybridEngine(settings, writable=writable)
         traces = TraceStore(settings.trace_db, settings.trace_max_age_days, settings.trace_max_messages)
-        responder = build_responder(self.engine, settings.query_timeout_s)
+        self.responder = responder = build_responder(self.engine, settings.query_timeout_s)
         self.router = build_router(self.engine, traces, responder, settings.query_timeout_s)
         self.solver = Solver(self.engine, responder)
         self.load_seconds = time.perf_counter() - started
@@ -102,14 +110,20 @@ class SearchService:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.registry.register(_AgentMetrics(self.router))
+        self.registry.register(_FallbackMetrics(self))
+        self.admission = Admission(settings.max_in_flight, settings.max_queue_s, self.registry)
 
     async def search(self, request: SearchRequest, door: str) -> list[Hit]:
         """Search within the time limit; errors are counted and re-raised for the door to phrase."""
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, self._timed_search, request)
         try:
-            return await asyncio.wait_for(future, timeout=self.settings.query_timeout_s)
+            async with self.admission.slot(door):
+                future = loop.run_in_executor(self._pool, self._timed_search, request)
+                return await asyncio.wait_for(future, timeout=self.settings.query_timeout_s)
+        except Overloaded:
+            self.errors.labels(door, "overloaded").inc()
+            raise
         except TimeoutError:
             self.errors.labels(door, "timeout").inc()
             raise QueryTimeout(f"query took longer than {self.settings.query_timeout_s:g} s") from None
@@ -133,7 +147,8 @@ class SearchService:
             raise BadRequest(problems(exc)) from None
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, self.solver.solve, request)
+            async with self.admission.slot("solver"):
+                return await loop.run_in_executor(self._pool, self.solver.solve, request)
         except PolicyError as exc:
             raise BadRequest(str(exc)) from None
 
@@ -154,7 +169,8 @@ class SearchService:
         except ValidationError as exc:
             raise BadRequest(problems(exc)) from None
         live = self._live()
-        return await asyncio.get_running_loop().run_in_executor(self._pool, live.upsert, document, wait)
+        async with self.admission.slot("documents"):
+            return await asyncio.get_running_loop().run_in_executor(self._pool, live.upsert, document, wait)
 
     async def delete(self, document_id: str, wait: bool = False) -> dict:
         live = self._live()
@@ -168,10 +184,22 @@ class SearchService:
             raise DocumentNotFound(document_id)
         return found
 
+    def fallbacks(self) -> dict[str, FailureCount]:
+        """The stages a request falls back from when they fail (the reranker, an LLM server)."""
+        found = {"reranker": self.engine.reranker_health} if self.engine.reranker is not None else {}
+        health = getattr(self.responder, "health", None)  # an LLM server responder keeps one
+        return found | ({"llm": health} if health is not None else {})
+
     def health(self) -> dict:
+        """``status`` is ``degraded`` while a fallback serves (reranker or LLM failing) or live
+        writes cannot be applied (a full disk): answers still come, not all of them as configured."""
         engine = self.engine
+        fallbacks = {f"{name}_health": count.describe() for name, count in self.fallbacks().items()}
+        failing = any(f["status"] == "failing" for f in fallbacks.values())
+        stuck = engine.live is not None and engine.live.refresh_error is not None
         return {
-            "status": "ok",
+            "status": "degraded" if failing or stuck else "ok",
+            **fallbacks,
             "index_loaded": True,
             "index_dir": str(self.settings.index_dir),
             "documents": engine.store.count(),
@@ -191,6 +219,22 @@ class SearchService:
         self.router.traces.close()
         if self._owns_engine:
             self.engine.close()
+
+
+class _FallbackMetrics:
+    """``<stage>_failures_total``: how often the reranker or the LLM server failed (and a fallback
+    answered), read at scrape time."""
+
+    def __init__(self, service: SearchService) -> None:
+        self.service = service
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        for name, count in self.service.fallbacks().items():
+            yield CounterMetricFamily(
+                f"{name}_failures", f"Calls to the {name} that failed (a fallback answered)", value=count.failures
+            )
 
 
 class _AgentMetrics:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+
+from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server, wait_until_up
+
+__all__ = ["CLI", "ROOT", "free_port", "serve_args", "start_server", "stop_server"]  # what tests import from here
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,8 +28,6 @@ TOPICS = {
     "meat": "processed meat nitrites colorectal cancer",
     "berries": "blueberries anthocyanins memory cognition aging",
 }
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "serving.cli"]
 FILLER = "this study examined participants in a randomized trial and reported outcomes over several years"
 
 
@@ -124,39 +122,6 @@ def a2a_v1_send(url: str, parts) -> object:
     return asyncio.run(run())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_args(index: Path, mcp_port: int, *extra: str, a2a_port: int | None = None) -> list[str]:
-    """``hybrid-search serve`` of ``index`` on the CPU and loopback ports (no A2A side without a port)."""
-    a2a = ["--a2a-port", str(a2a_port)] if a2a_port else ["--no-a2a"]
-    return ["serve", "--index-dir", str(index), "--mcp-port", str(mcp_port), *a2a, "--device", "cpu", *extra]
-
-
-def start_server(args: list[str], health_url: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(CLI + args, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(health_url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server did not come up:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.terminate()
-    return proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server(index_dir, tmp_path_factory):
     mcp_port, a2a_port = free_port(), free_port()
@@ -167,12 +132,7 @@ def server(index_dir, tmp_path_factory):
         log,
     )
     # the A2A side is up once its card answers
-    for _ in range(60):
-        try:
-            if httpx.get(f"http://127.0.0.1:{a2a_port}/", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
+    wait_until_up(f"http://127.0.0.1:{a2a_port}/")
     yield {"mcp": f"http://127.0.0.1:{mcp_port}", "a2a": f"http://127.0.0.1:{a2a_port}", "log": log, "proc": proc}
     assert stop_server(proc) == 0, "SIGTERM must shut the server down cleanly"
     assert "Traceback" not in log.read_text()

@@ -1,0 +1,544 @@
+"""Faults, measured: damaged index files, a full disk, kill -9 and SIGTERM while the server works,
+a reranker and an LLM server that fail. Everything runs on copies of an index (never the index
+itself) and reports what a client would see: refused or not and why, writes acknowledged and lost,
+requests answered while the server stops.
+
+    python -m benchmarks.reliability.faults --index-dir indexes/nfcorpus --rounds 20 \\
+        --out benchmarks/results/reliability-faults.json
+
+``tests/test_faults.py`` runs the same functions on the tests' tiny index, with fewer rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from benchmarks.reliability.server import ServerExited, free_port, serve_args, start_server, stop_server
+from engine.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
+
+if TYPE_CHECKING:
+    from starlette.testclient import TestClient
+
+    from serving.search_service import SearchService
+
+ERROR_PREFIX = "hybrid-search: error: "
+
+
+def document(doc_id: str, text: str) -> dict:
+    """A two-chunk document (a half-applied write would show one chunk, or a mix)."""
+    return {
+        "document_id": doc_id,
+        "document_name": f"{doc_id}.txt",
+        "chunks": [{"chunk_id": "c1", "content": text}, {"chunk_id": "c2", "content": f"{text} continued"}],
+    }
+
+
+def _copy(index_dir: Path, target: Path) -> Path:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(index_dir, target, ignore=shutil.ignore_patterns("writer.lock"))
+    return target
+
+
+# ---------------------------------------------------------------- damaged files
+
+
+def _truncate(path: Path) -> Path:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def _overwrite_page(path: Path) -> Path:
+    """Garbage over the store's second page (a b-tree page: the damage a bad sector does)."""
+    with open(path, "r+b") as fh:
+        fh.seek(4096)
+        fh.write(random.Random(0).randbytes(4096))
+    return path
+
+
+def _drop_segment_file(index: Path) -> Path:
+    victim = max((index / BM25_DIR).glob("_*"), key=lambda p: p.stat().st_size)
+    victim.unlink()
+    return victim
+
+
+def _drop_store_row(index: Path) -> Path:
+    """One chunk fewer in the store than vectors in the dense index: rows would name wrong documents."""
+    with sqlite3.connect(index / DOCS_FILE) as conn:
+        conn.execute("DELETE FROM chunks WHERE row = (SELECT max(row) FROM chunks)")
+    return index / DOCS_FILE
+
+
+def _tear_log_tail(index: Path) -> Path:
+    """The last record cut short, as a crash mid-append leaves it."""
+    wal = index / WAL_FILE
+    wal.write_bytes(wal.read_bytes()[:-10])
+    return wal
+
+
+def _damage_log_head(index: Path) -> Path:
+    """A byte flipped inside the first record, with whole records after it."""
+    wal = index / WAL_FILE
+    raw = bytearray(wal.read_bytes())
+    raw[20] ^= 0xFF
+    wal.write_bytes(bytes(raw))
+    return wal
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """One way an index breaks. ``logged``: it needs writes still in the log (an index whose server
+    crashed); ``recovers``: the server must start anyway (a torn log tail is a crash's, and cut)."""
+
+    name: str
+    damage: Callable[[Path], Path]  # damages the copy it is given; returns the file it damaged
+    logged: bool = False
+    recovers: bool = False
+
+
+CORRUPTIONS = [
+    Corruption("dense index truncated", lambda index: _truncate(latest_dense(index)[0])),
+    Corruption("manifest damaged", lambda index: _truncate(index / MANIFEST_FILE)),
+    Corruption("Lucene segment file missing", _drop_segment_file),
+    Corruption("document store page overwritten", lambda index: _overwrite_page(index / DOCS_FILE)),
+    Corruption("document store truncated", lambda index: _truncate(index / DOCS_FILE)),
+    Corruption("document store disagrees with dense index", _drop_store_row),
+    Corruption("log damaged before whole records", _damage_log_head, logged=True),
+    Corruption("log tail torn", _tear_log_tail, logged=True, recovers=True),
+]
+
+
+LOGGED = [f"logged-{i}" for i in range(3)]  # the writes a crashed copy holds in its log, oldest first
+
+
+def crashed_copy(index_dir: Path, target: Path) -> Path:
+    """``target``: ``index_dir`` as a server leaves it when killed right after acknowledging the
+    ``LOGGED`` writes (in the log, applied to no store)."""
+    from engine.config import Settings
+    from engine.documents import DocumentIn
+    from engine.pipeline import HybridEngine
+
+    source = _copy(index_dir, target.with_name(target.name + "-writer"))
+    settings = Settings(index_dir=source, device="cpu", rerank=False, refresh_interval_s=3600)  # no refresh
+    engine = HybridEngine(settings, writable=True)
+    try:
+        for doc_id in LOGGED:
+            engine.live.upsert(DocumentIn.model_validate(document(doc_id, f"{doc_id} kumquat marmalade")))
+        _copy(source, target)  # the snapshot a kill -9 leaves: nothing applied, nothing checkpointed
+    finally:
+        engine.close()
+        shutil.rmtree(source)
+    return target
+
+
+def corruption_outcome(
+    case: Corruption, index_dir: Path, work_dir: Path, crashed: Path | None = None, via_cli: bool = False
+) -> dict:
+    """Damage a copy of ``index_dir`` (of ``crashed``, from :func:`crashed_copy`, when the case needs
+    a log) and open it as ``serve`` does: in-process, or (``via_cli``) with the real CLI, adding its
+    exit code and whether it printed a traceback. ``message``: the refusal; ``logged_present``: how
+    many ``LOGGED`` writes a recovery kept."""
+    index = _copy(crashed if case.logged else index_dir, work_dir / case.name.replace(" ", "-"))
+    damaged = str(case.damage(index).relative_to(index))
+    outcome = _serve_outcome(index, work_dir / f"{index.name}.log") if via_cli else _engine_outcome(index)
+    shutil.rmtree(index)  # copies of a large index add up; the server's log stays
+    names_file = damaged in outcome.get("message", "")
+    if case.recovers:
+        as_expected = not outcome["refused"] and outcome["logged_present"] == len(LOGGED) - 1
+    else:
+        as_expected = outcome["refused"] and names_file and not outcome.get("traceback")
+    return {"case": case.name, "file": damaged, **outcome, "names_file": names_file, "as_expected": as_expected}
+
+
+def _engine_outcome(index: Path) -> dict:
+    from engine.config import Settings
+    from engine.pipeline import HybridEngine
+
+    try:
+        engine = HybridEngine(Settings(index_dir=index, device="cpu", rerank=False), writable=True)
+    except IndexDirError as exc:
+        return {"refused": True, "message": str(exc)}
+    try:
+        return {"refused": False, "logged_present": sum(engine.live.document(d) is not None for d in LOGGED)}
+    finally:
+        engine.close()
+
+
+def _serve_outcome(index: Path, log: Path) -> dict:
+    port = free_port()
+    try:
+        proc = start_server(serve_args(index, port), f"http://127.0.0.1:{port}/health", log)
+    except ServerExited as exc:
+        text = log.read_text()
+        errors = [line.removeprefix(ERROR_PREFIX) for line in text.splitlines() if line.startswith(ERROR_PREFIX)]
+        message = errors[-1] if errors else text[-500:]
+        return {"refused": True, "message": message, "exit_code": exc.returncode, "traceback": "Traceback" in text}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            present = sum(client.get(f"/documents/{d}").status_code == 200 for d in LOGGED)
+    finally:
+        exit_code = stop_server(proc)
+    return {
+        "refused": False,
+        "logged_present": present,
+        "exit_code": exit_code,
+        "traceback": "Traceback" in log.read_text(),
+    }
+
+
+@contextmanager
+def in_process(
+    index: Path, work_dir: Path, writable: bool = False, **settings
+) -> Iterator[tuple[TestClient, SearchService]]:
+    """The REST routes of a server on ``index``, in this process (no ten-second start): a client
+    for them and the SearchService behind it, closed (checkpointed) on exit."""
+    from starlette.testclient import TestClient
+
+    from engine.config import Settings
+    from serving.mcp_tool import build_mcp_server
+    from serving.search_service import SearchService
+
+    config = Settings(index_dir=index, device="cpu", trace_db=work_dir / "traces.sqlite", **settings)
+    service = SearchService(config, writable=writable)
+    try:
+        yield TestClient(build_mcp_server(service).streamable_http_app()), service
+    finally:
+        service.close()
+
+
+# ---------------------------------------------------------------- kill -9 and a full disk while writing
+
+
+@dataclass
+class Ledger:
+    """What a client was told: acknowledged documents (id -> the word only they hold), deletes, and
+    writes a kill cut short (either outcome is right for those, but not half of one)."""
+
+    acked: dict[str, str] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+    in_doubt: set[str] = field(default_factory=set)
+    writes: int = 0
+    lost: set[str] = field(default_factory=set)  # what checks found wrong, by document id
+    half_applied: set[str] = field(default_factory=set)
+    resurrected: set[str] = field(default_factory=set)
+
+    def check(self, client: httpx.Client, search: Iterable[str]) -> None:
+        """Note what the server lost: acknowledged documents it cannot show by id (``lost``) or not
+        whole (``half_applied``: not two chunks), those of ``search`` their own word does not find
+        (``lost``), and deleted ones that came back (``resurrected``)."""
+        found = {d: client.get(f"/documents/{d}") for d in [*self.acked, *self.deleted, *self.in_doubt]}
+        chunks = {d: len(r.json()["chunks"]) for d, r in found.items() if r.status_code == 200}
+        self.lost |= {d for d in self.acked if d not in chunks}
+        for doc_id in search:
+            hits = client.post("/search", json={"query": self.acked[doc_id], "top_k": 5}).json()["results"]
+            if doc_id not in {h["document_id"] for h in hits}:
+                self.lost.add(doc_id)
+        self.half_applied |= {d for d in [*self.acked, *self.in_doubt] if chunks.get(d, 2) != 2}
+        self.resurrected |= {d for d in self.deleted if d in chunks}
+
+
+def _write_until_killed(
+    client: httpx.Client, proc: subprocess.Popen, round_: int, rng: random.Random, ledger: Ledger
+) -> None:
+    """Write (every fourth request deletes an acknowledged document) until the server dies: SIGKILL
+    at a random moment 0.2-1.2 s after this round's third acknowledged write."""
+    killer = None
+    for i in range(1000):
+        doc_id, word = f"r{round_}-{i}", f"zx{round_}q{i}marker"
+        victim = sorted(ledger.acked)[0] if i % 4 == 3 and ledger.acked else None
+        try:
+            if victim is not None:
+                if client.delete(f"/documents/{victim}").status_code == 200:
+                    ledger.deleted.add(victim)
+                    del ledger.acked[victim]
+                continue
+            reply = client.post("/documents", json=document(doc_id, f"{word} chunk"))
+        except httpx.HTTPError:  # killed mid-request: logged or not, never half
+            if victim is not None:
+                del ledger.acked[victim]
+            ledger.in_doubt.add(victim or doc_id)
+            break
+        if reply.status_code == 201:
+            ledger.acked[doc_id] = word
+            ledger.writes += 1
+        if killer is None and sum(d.startswith(f"r{round_}-") for d in ledger.acked) == 3:
+            killer = threading.Timer(rng.uniform(0.2, 1.2), proc.send_signal, [signal.SIGKILL])
+            killer.start()
+    proc.wait(timeout=60)
+
+
+def sigkill_rounds(index_dir: Path, work_dir: Path, rounds: int = 20, seed: int = 7) -> dict:
+    """``rounds`` times: start a server on a copy of the index, check what the earlier rounds
+    acknowledged (all by id, the last round's also by its own word), then write and delete until
+    the server is SIGKILLed. Last, the copy is opened in-process as a start opens it (the log
+    replayed) and every acknowledged document is checked by id and by word. Without the reranker:
+    durability does not depend on it, and a start is quicker."""
+    index = _copy(index_dir, work_dir / "sigkill")
+    rng, ledger = random.Random(seed), Ledger()
+    port, replayed, started = free_port(), 0, time.perf_counter()
+    url = f"http://127.0.0.1:{port}"
+    for round_ in range(rounds):
+        proc = start_server(serve_args(index, port, "--no-rerank"), f"{url}/health", work_dir / f"sigkill-{round_}.log")
+        with httpx.Client(base_url=url, timeout=30) as client:
+            replayed += client.get("/health").json()["live"]["recovered"]["records"]
+            ledger.check(client, [d for d in ledger.acked if d.startswith(f"r{round_ - 1}-")])
+            _write_until_killed(client, proc, round_, rng, ledger)
+    with in_process(index, work_dir, writable=True, rerank=False) as (client, service):
+        replayed += service.engine.live.recovery["records"]
+        ledger.check(client, ledger.acked)
+    return {
+        "rounds": rounds,
+        "acknowledged": ledger.writes,
+        "acknowledged_deletes": len(ledger.deleted),
+        "in_doubt": len(ledger.in_doubt),
+        "lost": len(ledger.lost),
+        "half_applied": len(ledger.half_applied),
+        "resurrected": len(ledger.resurrected),
+        "replayed_records": replayed,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _file_size_limit(limit_bytes: int) -> Callable[[], None]:
+    """For the child: files may not grow past ``limit_bytes``, and a write past it fails (EFBIG)
+    instead of killing the process with SIGXFSZ: a full disk, for this process only."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def disk_full(index_dir: Path, work_dir: Path, limit_bytes: int = 512 << 10) -> dict:
+    """Write to a server whose files may not grow past ``limit_bytes`` until it refuses (every tenth
+    write waits to be searchable, which a store that cannot grow fails: a 503 that says the write
+    is logged, and so must survive); check that it still searches, then restart it without the
+    limit and check every acknowledged write."""
+    index = _copy(index_dir, work_dir / "disk-full")
+    port = free_port()
+    url, ledger, logged_only = f"http://127.0.0.1:{port}", Ledger(), 0
+    args = serve_args(index, port, "--refresh-interval", "0.2", "--no-rerank")
+    proc = start_server(args, f"{url}/health", work_dir / "disk-full.log", _file_size_limit(limit_bytes))
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for i in range(100_000):
+                doc_id, word = f"full-{i}", f"zxfull{i}marker"
+                wait = {"refresh": "wait_for"} if i % 10 == 9 else {}
+                reply = client.post("/documents", json=document(doc_id, f"{word} chunk"), params=wait)
+                if reply.status_code == 503 and "logged as write" in _error_of(reply):
+                    logged_only += 1
+                elif reply.status_code not in (200, 201):
+                    refused = reply
+                    break
+                ledger.acked[doc_id] = word
+            ledger.deleted.add(doc_id)  # refused, so it must not appear
+            searches = [client.post("/search", json={"query": "vitamin D", "top_k": 5}) for _ in range(5)]
+            time.sleep(0.5)  # a refresh or two under the limit
+            health = client.get("/health").json()
+    finally:
+        exit_code = stop_server(proc)
+    with in_process(index, work_dir, writable=True, rerank=False) as (client, _):  # restarted, no limit
+        ledger.check(client, ledger.acked)
+    return {
+        "limit_bytes": limit_bytes,
+        "acknowledged_before": len(ledger.acked),
+        "refused_status": refused.status_code,
+        "refused_error": _error_of(refused),
+        "logged_not_yet_searchable": logged_only,
+        "searches_while_full": sum(r.status_code == 200 and len(r.json()["results"]) == 5 for r in searches),
+        "health_while_full": {"status": health["status"], "refresh_error": health["live"]["refresh_error"]},
+        "exit_code_while_full": exit_code,
+        "lost": len(ledger.lost),
+        "half_applied": len(ledger.half_applied),
+        "refused_present": len(ledger.resurrected),
+    }
+
+
+def _error_of(reply: httpx.Response) -> str:
+    try:
+        return reply.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:300]
+
+
+# ---------------------------------------------------------------- SIGTERM under load
+
+QUERIES = ["does vitamin D prevent falls", "statins and breast cancer", "soy and prostate cancer", "coffee and liver"]
+
+
+def sigterm_drain(index_dir: Path, work_dir: Path, requests: int = 24) -> dict:
+    """Fire ``requests`` searches at once (a connection each), SIGTERM the server once a quarter of
+    them are answered, and keep opening new connections until it exits: how many searches still
+    running at the signal were answered (``completed``: an HTTP answer, ``ok`` of them 200), whether
+    new connections were refused meanwhile, the exit code. Searches may queue for a minute (not the
+    default two seconds), so that those waiting for a slot at the signal are drained too rather
+    than refused by admission control."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = serve_args(index_dir, port, "--read-only", "--max-queue", "60")
+    proc = start_server(args, f"{url}/health", work_dir / "sigterm.log")
+    outcomes: list[object] = [None] * requests
+    ends = [0.0] * requests
+    answered = threading.Semaphore(0)
+    go = threading.Barrier(requests + 1)
+
+    def search(i: int) -> None:
+        with httpx.Client(timeout=60) as client:  # made before the start: all requests leave together
+            go.wait()
+            try:
+                reply = client.post(f"{url}/search", json={"query": QUERIES[i % len(QUERIES)], "top_k": 10})
+                outcomes[i] = reply.status_code
+            except httpx.HTTPError as exc:
+                outcomes[i] = type(exc).__name__
+        ends[i] = time.perf_counter()
+        answered.release()
+
+    threads = [threading.Thread(target=search, args=(i,)) for i in range(requests)]
+    for thread in threads:
+        thread.start()
+    go.wait()
+    for _ in range(requests // 4):
+        answered.acquire()
+    signalled = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    probes: list[tuple[float, object]] = []
+    with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as client:  # fresh connections
+        while proc.poll() is None:
+            try:
+                outcome: object = client.post(f"{url}/search", json={"query": QUERIES[0], "top_k": 1}).status_code
+            except httpx.ConnectError:
+                outcome = "refused"
+            except httpx.HTTPError as exc:
+                outcome = type(exc).__name__
+            probes.append((time.perf_counter() - signalled, outcome))
+            time.sleep(0.05)
+    exit_code = proc.wait(timeout=30)
+    for thread in threads:
+        thread.join()
+    in_flight = [outcomes[i] for i in range(requests) if ends[i] > signalled]
+    refusals = [t for t, o in probes if o == "refused"]
+    return {
+        "requests": requests,
+        "in_flight": len(in_flight),
+        "completed": sum(isinstance(o, int) for o in in_flight),
+        "ok": sum(o == 200 for o in in_flight),
+        "in_flight_outcomes": dict(Counter(str(o) for o in in_flight)),
+        "new_after_signal": len(probes),
+        "refused_after": len(refusals),
+        "served_after": sum(o == 200 for _, o in probes),
+        "refused_until_exit": all(o == "refused" for t, o in probes if refusals and t >= refusals[0]),
+        "first_refusal_s": round(refusals[0], 3) if refusals else None,
+        "last_in_flight_answer_s": round(max(ends) - signalled, 3),
+        "exit_code": exit_code,
+        "traceback": "Traceback" in (work_dir / "sigterm.log").read_text(),
+    }
+
+
+# ---------------------------------------------------------------- a failing reranker and LLM server
+
+
+def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: int = 3) -> dict:
+    """In-process, behind the real REST routes: break the reranker's model object (its ``predict``
+    raises) and point answers at an LLM server that is not there; searches and answers must still
+    come back (fused results, the extractive fallback) and ``/health`` and ``/metrics`` say so."""
+    from serving.mcp_tool import SOLVER_PATH
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected fault: the cross-encoder failed")
+
+    nobody = f"http://127.0.0.1:{free_port()}/v1"  # no LLM server listens there
+    settings = {"reranker": reranker, "rerank_runtime": "torch", "llm_url": nobody}
+    with in_process(index_dir, work_dir, **settings) as (client, service):
+        model = service.engine.reranker.model
+        query = {"query": QUERIES[0], "top_k": 5}
+        model.predict = broken
+        replies = [client.post("/search", json=query) for _ in range(queries)]
+        fused = [d for d, _ in service.engine.stages(QUERIES[0], 5).fused[:5]]
+        health = client.get("/health").json()
+        metrics = client.get("/metrics").text
+        answer = client.post(SOLVER_PATH, json={"task_id": "t1", "task": "Does vitamin D prevent falls?"})
+        llm = client.get("/health").json().get("llm_health", {})
+        llm_metric = _metric(client.get("/metrics").text, "llm_failures_total")
+        del model.predict  # the model works again
+        client.post("/search", json=query)
+        recovered = client.get("/health").json()["reranker_health"]["status"]
+    return {
+        "queries": queries,
+        "answered": sum(r.status_code == 200 and len(r.json()["results"]) == 5 for r in replies),
+        "served_fused_order": all([h["doc_id"] for h in r.json()["results"]] == fused for r in replies),
+        "health": health["reranker_health"],
+        "health_shows": health["reranker_health"]["status"] == "failing" and health["status"] == "degraded",
+        "metrics_show": _metric(metrics, "reranker_failures_total") == health["reranker_health"]["failures"] > 0,
+        "recovers": recovered == "ok",
+        "llm_answered": answer.status_code == 200,
+        "llm_health_shows": llm.get("status") == "failing" and llm.get("failures", 0) >= 1,
+        "llm_metrics_show": llm_metric == llm.get("failures"),
+    }
+
+
+def _metric(text: str, name: str) -> float | None:
+    """A sample's value in Prometheus' text format (None when absent)."""
+    found = [line.split()[-1] for line in text.splitlines() if line.startswith(f"{name} ")]
+    return float(found[0]) if found else None
+
+
+# ---------------------------------------------------------------- all of it
+
+
+def run_faults(index_dir: Path, work_dir: Path, rounds: int = 20, reranker: str | None = None) -> dict:
+    """Every fault above against copies of ``index_dir`` (``reranker``: default the index's own;
+    the reranker case is skipped without one)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    crashed = crashed_copy(index_dir, work_dir / "crashed")
+    figures: dict = {
+        "index_dir": str(index_dir),
+        "corruptions": [corruption_outcome(c, index_dir, work_dir, crashed, via_cli=True) for c in CORRUPTIONS],
+    }
+    reranker = reranker or str(index_dir / "reranker")
+    if Path(reranker).is_dir():
+        figures["reranker_failure"] = reranker_failure(index_dir, work_dir, reranker)
+    else:
+        figures["reranker_failure"] = {"skipped": f"no reranker at {reranker}"}
+    figures["sigterm"] = sigterm_drain(index_dir, work_dir)
+    figures["disk_full"] = disk_full(index_dir, work_dir)
+    figures["kill_9"] = sigkill_rounds(index_dir, work_dir, rounds)
+    figures["seconds"] = round(time.perf_counter() - started, 1)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
+    parser.add_argument("--rounds", type=int, default=20, help="kill -9 rounds")
+    parser.add_argument("--reranker", help="reranker folder for the reranker fault (default: the index's own)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability-faults.json"))
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
+        figures = run_faults(args.index_dir.resolve(), Path(tmp), args.rounds, args.reranker)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

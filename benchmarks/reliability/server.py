@@ -1,0 +1,78 @@
+"""``hybrid-search serve`` as a child process: what the reliability benchmarks and the tests run."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "serving.cli"]
+
+
+class ServerExited(RuntimeError):
+    """The server stopped before it answered its health check (``returncode`` says how)."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_args(index: Path, mcp_port: int, *extra: str, a2a_port: int | None = None) -> list[str]:
+    """``hybrid-search serve`` of ``index`` on the CPU and loopback ports (no A2A side without a port)."""
+    a2a = ["--a2a-port", str(a2a_port)] if a2a_port else ["--no-a2a"]
+    return ["serve", "--index-dir", str(index), "--mcp-port", str(mcp_port), *a2a, "--device", "cpu", *extra]
+
+
+def start_server(
+    args: list[str], health_url: str, log: Path, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.Popen:
+    """Start the CLI with ``args`` (output to ``log``) and return once ``health_url`` answers 200;
+    ``preexec_fn`` runs in the child before it starts (resource limits, signal dispositions)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            CLI + args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn
+        )
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise ServerExited(f"server exited early:\n{log.read_text()[-3000:]}", proc.returncode)
+        try:
+            if httpx.get(health_url, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server did not come up:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    """SIGTERM and the exit code (uvicorn drains open requests, the index is checkpointed)."""
+    proc.terminate()
+    return proc.wait(timeout=30)
+
+
+def wait_until_up(url: str, seconds: float = 30) -> None:
+    """Poll ``url`` until it answers 200 (the A2A side comes up beside the health route)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {seconds:g} s")

@@ -1,0 +1,71 @@
+"""What the search doors answer: the benchmark's documents, or chunks with their fields."""
+
+from pydantic import BaseModel, Field
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.pipeline import Hit
+
+
+class SearchResult(BaseModel):
+    doc_id: str = Field(description="corpus document id, e.g. MED-123")
+    score: float = Field(description="final relevance score (fusion and reranker blended when reranking is on)")
+    title: str
+    text: str
+
+
+class SearchResponse(BaseModel):
+    results: list[SearchResult]
+
+
+class ChunkResult(SearchResult):
+    doc_id: str = Field(description="the chunk's id in the index: the document id, or document_id#chunk_id")
+    document_id: str
+    chunk_id: str
+    source_document: str = Field(description="the document's name")
+    metadata: dict = Field(description="the document's metadata with the chunk's own on top (page, section, ...)")
+    similarity_score: float = Field(
+        description="probability that the hit is relevant (calibrated on training judgments; without them, the"
+        " cosine of query and chunk): what similarity_threshold compares"
+    )
+
+
+class ChunkResponse(BaseModel):
+    results: list[ChunkResult]
+
+
+def to_chunks(hits: list[Hit]) -> ChunkResponse:
+    return ChunkResponse(
+        results=[
+            ChunkResult(
+                doc_id=h.doc_id,
+                score=h.score,
+                title=h.title,
+                text=h.text,
+                document_id=h.document_id,
+                chunk_id=h.chunk_id,
+                source_document=h.source_document,
+                metadata=h.metadata,
+                similarity_score=h.similarity_score,
+            )
+            for h in hits
+        ]
+    )
+
+
+def to_response(hits: list[Hit]) -> SearchResponse:
+    return SearchResponse(
+        results=[SearchResult(doc_id=h.doc_id, score=h.score, title=h.title, text=h.text) for h in hits]
+    )
+
+
+async def _json_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, exc.status_code, exc.headers)
+
+
+def json_http_errors(app: Starlette) -> Starlette:
+    """Unknown routes and methods answer ``{"error": ...}`` as JSON, like every other error here."""
+    app.add_exception_handler(HTTPException, _json_http_error)
+    return app

@@ -1,0 +1,99 @@
+"""Faults: damaged index files refused naming the file, a full disk refused (507) with nothing
+acknowledged lost, a failing reranker and LLM server falling back and saying so, kill -9 while
+writing, SIGTERM under load. The scenarios are ``benchmarks/reliability/faults.py``'s, run small."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from benchmarks.reliability import faults
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def crashed(index_dir, tmp_path_factory):
+    """The tiny index as a server killed right after acknowledging three writes leaves it."""
+    return faults.crashed_copy(index_dir, tmp_path_factory.mktemp("crashed") / "index")
+
+
+@pytest.mark.parametrize("case", faults.CORRUPTIONS, ids=lambda case: case.name.replace(" ", "-"))
+def test_a_damaged_file_is_refused_by_name_and_a_torn_log_tail_recovers(case, index_dir, crashed, tmp_path):
+    outcome = faults.corruption_outcome(case, index_dir, tmp_path, crashed)
+    if case.recovers:  # a torn tail: the whole records before it are replayed
+        assert not outcome["refused"] and outcome["logged_present"] == len(faults.LOGGED) - 1, outcome
+    else:
+        assert outcome["refused"] and outcome["names_file"], outcome
+
+
+def test_the_cli_refuses_a_damaged_index_in_one_line(index_dir, tmp_path):
+    manifest = next(c for c in faults.CORRUPTIONS if c.name == "manifest damaged")  # refused before models load
+    outcome = faults.corruption_outcome(manifest, index_dir, tmp_path, via_cli=True)
+    assert outcome["refused"] and outcome["exit_code"] == 2 and not outcome["traceback"], outcome
+    assert outcome["names_file"] and outcome["message"].endswith("rebuild the index")
+
+
+def test_a_failed_append_is_cut_back_and_the_log_stays_appendable(tmp_path):
+    """Out of room mid-record (a file-size limit in a child process): StorageFull, the file back to
+    its whole records, and once there is room again appends and reads work."""
+    script = textwrap.dedent(
+        """
+        import resource, sys
+        from pathlib import Path
+        from engine.wal import StorageFull, WriteAheadLog
+
+        wal = WriteAheadLog(Path(sys.argv[1]))
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))  # CPython ignores SIGXFSZ: writes get EFBIG
+        seq = 0
+        try:
+            while True:
+                wal.append({"seq": seq + 1, "pad": "x" * 150})
+                seq += 1
+        except StorageFull as exc:
+            print(exc, file=sys.stderr)
+        whole = wal.size
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        wal.append({"seq": seq + 1, "pad": "after"})
+        print(seq, whole, [r["seq"] for r in wal.records()] == list(range(1, seq + 2)))
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "wal.log")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    # five 176-byte records fit under 1,000 bytes; the sixth was cut back, and the one after it reads
+    assert run.stdout.split() == ["5", "880", "True"] and "no room to log the write" in run.stderr
+
+
+def test_a_full_disk_refuses_writes_and_loses_none(index_dir, tmp_path):
+    figures = faults.disk_full(index_dir, tmp_path, limit_bytes=256 << 10)
+    assert figures["refused_status"] == 507 and "wal.log: no room" in figures["refused_error"], figures
+    assert figures["acknowledged_before"] > 10 and figures["searches_while_full"] == 5, figures
+    assert figures["logged_not_yet_searchable"] > 0, figures  # ?refresh=wait_for once SQLite could not grow
+    assert figures["exit_code_while_full"] == 0, figures
+    assert figures["lost"] == figures["half_applied"] == figures["refused_present"] == 0, figures
+
+
+def test_a_failing_reranker_and_llm_server_fall_back_and_say_so(index_dir, reranker_dir, tmp_path):
+    figures = faults.reranker_failure(index_dir, tmp_path, reranker_dir)
+    assert figures["answered"] == figures["queries"] and figures["served_fused_order"], figures
+    assert figures["health_shows"] and figures["metrics_show"] and figures["recovers"], figures
+    assert figures["health"]["last_error"] == "RuntimeError: injected fault: the cross-encoder failed"
+    assert figures["llm_answered"] and figures["llm_health_shows"] and figures["llm_metrics_show"], figures
+
+
+def test_every_acknowledged_write_survives_sigkill(index_dir, tmp_path):
+    figures = faults.sigkill_rounds(index_dir, tmp_path, rounds=2)
+    assert figures["acknowledged"] >= 6 and figures["acknowledged_deletes"] and figures["replayed_records"], figures
+    assert figures["lost"] == figures["half_applied"] == figures["resurrected"] == 0, figures
+
+
+def test_sigterm_answers_searches_in_flight_and_refuses_new_ones(index_dir, tmp_path):
+    figures = faults.sigterm_drain(index_dir, tmp_path)
+    assert figures["exit_code"] == 0 and not figures["traceback"], figures
+    assert figures["in_flight"] > 0 and figures["ok"] == figures["in_flight"], figures  # every one answered 200
+    assert figures["refused_after"] > 0 and figures["refused_until_exit"], figures
