@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from engine.documents import DocumentIn, Filters
+from engine.documents import NON_BLANK, DocumentIn, Filters
 
 AgentId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
 
@@ -52,7 +52,7 @@ class DocumentIngestion(DocumentIn):
 class RetrievalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+    query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000, pattern=NON_BLANK)]
     top_k: int = Field(5, ge=1, le=100)
     similarity_threshold: float | None = Field(None, ge=0, le=1)
     filters: Filters | None = None

@@ -88,8 +88,8 @@ class Router:
     ) -> Message:
         """An ERROR_MESSAGE from the router about ``original`` (a Message or what was sent)."""
         raw = original.model_dump() if isinstance(original, Message) else original
-        kind = raw.get("type") if isinstance(raw.get("type"), str) else "unknown"
-        trace = trace_id or (raw.get("trace_id") if isinstance(raw.get("trace_id"), str) else None)
+        kind = _fits(raw.get("type"), 64) or "unknown"
+        trace = trace_id or _fits(raw.get("trace_id"), 200)
         trace = trace or self.traces.new_trace_id("ERROR_MESSAGE")
         retry, action = ERRORS[code]
         payload = ErrorPayload(
@@ -190,3 +190,8 @@ class Router:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
         return self.error(failure.code, str(failure), message, message.trace_id)
+
+
+def _fits(value: object, limit: int) -> str | None:
+    """``value`` when it is a string an envelope field can carry back (1 to ``limit`` characters)."""
+    return value if isinstance(value, str) and 0 < len(value) <= limit else None

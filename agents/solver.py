@@ -18,6 +18,7 @@ from agents.history import compress
 from agents.messages import Turn
 from agents.policy import PolicyDoc, evaluate
 from agents.responder import ExtractiveResponder, Question, Source
+from engine.documents import NON_BLANK
 
 AGENT_NAME = "hybrid-search purple agent"
 VERSION = "0.2.0"
@@ -27,7 +28,7 @@ class SolverRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task_id: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-    task: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+    task: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000, pattern=NON_BLANK)]
     policy_doc: PolicyDoc = Field(default_factory=PolicyDoc)
     history: list[Turn] = Field(default_factory=list, max_length=500)
     expected_format: Format = "list"
@@ -69,7 +70,7 @@ class Solver:
         history = compress([t.model_dump() for t in request.history], self.engine.dense.encoder, self.keep_last)
         previous = next((t["content"] for t in reversed(history.turns) if t["role"] == "user"), None)
         query = f"{previous} {request.task}" if previous else request.task
-        hits = self.engine.search(query[:4000], self.top_k)
+        hits = self.engine.search(query[-4000:], self.top_k)  # the task whole, the history's end before it
         sources = [Source(h.text, h.document_id, h.similarity_score) for h in hits]
         if request.context:
             sources.append(Source(request.context, "context"))

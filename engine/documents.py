@@ -24,11 +24,7 @@ from pydantic import (
 Scalar = str | int | float | bool
 # a character Python's str.strip() keeps: JSON Schema's \s lacks the separators \x1c-\x1f it strips
 NON_BLANK = r"[^\s\x1c-\x1f]"
-Name = Annotated[
-    str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=512),
-    Field(json_schema_extra={"pattern": NON_BLANK}),  # blank is refused after stripping: say so in the schema
-]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512, pattern=NON_BLANK)]
 # reserved document metadata with a meaning of their own (filters read them)
 DOCUMENT_TYPE, DATE = "document_type", "date"
 

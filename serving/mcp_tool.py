@@ -215,6 +215,9 @@ async def _json_body(request: Request, limit: int) -> object:
 
 def _waits(request: Request) -> bool:
     """``?refresh=wait_for`` (as Elasticsearch spells it): answer once the change is searchable."""
+    unknown = sorted(set(request.query_params) - {"refresh"})
+    if unknown:
+        raise _HttpError(422, f"unknown query parameter {unknown[0]!r}; this route takes only 'refresh'")
     refresh = request.query_params.get("refresh", "false")
     if refresh not in REFRESH:
         raise _HttpError(422, f"refresh must be one of {', '.join(REFRESH)}, got {refresh!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agents.messages import Message
+from agents.messages import Message, Turn
 from agents.solver import SolverRequest
 from engine.config import Settings
 from engine.documents import NON_BLANK, DocumentIn, Filters
@@ -148,7 +148,7 @@ def openapi_document(settings: Settings, keyed_protocol: bool) -> dict:
                         "question": {"type": "string", "pattern": NON_BLANK},
                         "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
                         "conversation_id": {"type": ["string", "null"]},
-                        "conversation_history": {"type": "array", "items": OBJECT},
+                        "conversation_history": {"type": "array", "items": spec.ref(Turn)},
                         "filters": {"anyOf": [filters, {"type": "null"}]},
                     },
                     "required": ["question"],

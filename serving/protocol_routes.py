@@ -34,6 +34,7 @@ from serving.search_service import MAX_TOP_K, whole_number
 audit = logging.getLogger("hybrid_search.audit")
 _VIEWER = Path(__file__).with_name("trace_viewer.html")
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+TOO_LARGE = object()  # what _read returns past the limit (a JSON body may be null)
 STATUS = {
     ErrorCode.INVALID_MESSAGE: 422,
     ErrorCode.UNKNOWN_MESSAGE_TYPE: 422,
@@ -149,7 +150,7 @@ class ProtocolDoor:
         async for part in request.stream():
             body += part
             if len(body) > self.max_ingestion_bytes:
-                return None, len(body)
+                return TOO_LARGE, len(body)
         try:
             return json.loads(body), len(body)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -172,7 +173,7 @@ class ProtocolDoor:
                 ),
             )
         raw, size = await self._read(request)
-        if raw is None:
+        if raw is TOO_LARGE:
             return (
                 None,
                 key,
@@ -233,12 +234,14 @@ class ProtocolDoor:
         top_k = whole_number(raw.get("top_k", 5))
         if top_k is None or not 1 <= top_k <= MAX_TOP_K:
             return self._refused(ErrorCode.INVALID_MESSAGE, f"'top_k' must be an integer from 1 to {MAX_TOP_K}", {})
-        history = raw.get("conversation_history") or []
+        conversation, history = raw.get("conversation_id"), raw.get("conversation_history") or []
+        if conversation is not None and not isinstance(conversation, str):
+            return self._refused(ErrorCode.INVALID_MESSAGE, "'conversation_id' must be a string", {})
+        if not isinstance(history, list):
+            return self._refused(ErrorCode.INVALID_MESSAGE, "'conversation_history' must be a list of turns", {})
         try:
             async with self._slot("rag"):
-                turn = await rag_turn(
-                    self.router, question.strip(), raw.get("conversation_id"), history, top_k, raw.get("filters")
-                )
+                turn = await rag_turn(self.router, question.strip(), conversation, history, top_k, raw.get("filters"))
         except Overloaded as exc:
             return self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
         last = turn["messages"][-1]

@@ -1,5 +1,6 @@
 """Reliability on this machine: fuzz every door, load the three front doors past capacity, inject
-faults; writes ``benchmarks/results/reliability.json`` and ``reliability-load.png``.
+faults; writes ``benchmarks/results/reliability.json`` (fuzz, load), ``reliability-load.png`` and
+``reliability-faults.json``.
 
     python -m benchmarks.reliability                       # full size (about 40 minutes on 2 cores)
     python -m benchmarks.reliability --cases 100 --mcp-calls 300 --levels 1,8 --seconds 10 --rounds 3
@@ -32,6 +33,7 @@ from benchmarks.reliability import faults, fuzz, load, server
 
 RESULTS = Path("benchmarks/results")
 log = logging.getLogger("benchmarks.reliability")
+FAULTS_FILE = "reliability-faults.json"
 
 
 @contextlib.contextmanager
@@ -116,12 +118,12 @@ def fuzz_all(index: Path, work: Path, cases: int, mcp_calls: int, at: int) -> di
 
 
 def load_all(index: Path, work: Path, levels: list[int], seconds: int, data_dir: Path) -> dict:
-    """The served defaults (reranker on) under 1 … N closed-loop users per door."""
-    from engine.dataset import read_jsonl
+    """The served defaults (reranker on) under 1 … N closed-loop users per door, asking the dev
+    queries in turn."""
+    from engine.dataset import load_dataset
 
     queries = work / "queries.txt"
-    rows = read_jsonl(Path(data_dir) / "queries.jsonl")
-    queries.write_text("\n".join(row["text"] for row in rows[:500]) + "\n")
+    queries.write_text("\n".join(load_dataset(data_dir).split_queries("dev").values()) + "\n")
     with served(index, work) as urls:
         figures = load.run_load(urls, levels, seconds, queries, work / "locust")
         figures["health_after"] = httpx.get(urls["mcp"] + "/health", timeout=10).json()["status"]
@@ -162,9 +164,8 @@ def main() -> None:
                 {k: v for k, v in report["load"].items() if k in load.DOORS}, args.out.with_name("reliability-load.png")
             )
             _save(report, args.out)
-        if "faults" in parts:
-            report["faults"] = faults.run_faults(args.index_dir, work / "faults", args.rounds)
-            _save(report, args.out)
+        if "faults" in parts:  # its own file, as `python -m benchmarks.reliability.faults` writes it
+            _save(faults.run_faults(args.index_dir, work / "faults", args.rounds), args.out.with_name(FAULTS_FILE))
     print(json.dumps(summary(report), indent=2))
 
 

@@ -69,11 +69,12 @@ def plot(load: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for door, levels in load.items():
-        users = [level["users"] for level in levels]
-        left.plot(users, [level["goodput_per_s"] for level in levels], marker="o", label=f"{door} goodput")
-        left.plot(users, [level["offered_per_s"] for level in levels], linestyle=":", label=f"{door} offered")
-        right.plot(users, [level["ok_p99_ms"] or 0 for level in levels], marker="o", label=door)
+    for i, (door, levels) in enumerate(load.items()):
+        users, color = [level["users"] for level in levels], f"C{i}"
+        left.plot(users, [level["goodput_per_s"] for level in levels], marker="o", color=color, label=f"{door} goodput")
+        left.plot(users, [level["offered_per_s"] for level in levels], ":", color=color, label=f"{door} offered")
+        right.plot(users, [level["ok_p99_ms"] or 0 for level in levels], marker="o", color=color, label=door)
+    left.set_yscale("log")
     for axis in (left, right):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent users (closed loop)")
