@@ -333,11 +333,12 @@ class HybridEngine:
     def similarity(self, result: StageResult, ranking: list[tuple[str, float]]) -> list[float]:
         """What ``similarity_score`` means: with a calibrated fusion, the probability that the hit is
         relevant (from its fused score and final rank); without one (no training judgments), the
-        cosine of the query and the chunk, floored at 0 so that it stays in the 0-1 a threshold reads
-        (a chunk pointing away from the query is as dissimilar as one at right angles)."""
+        cosine of the query and the chunk, kept in the 0-1 a threshold reads (a chunk pointing away
+        from the query is as dissimilar as one at right angles; float error can pass 1)."""
         calibration = self.fusion.calibration if self.fusion is not None else None
         if calibration is None:
-            return [max(0.0, c) for c in self.dense.similarity(result.query_vector, [d for d, _ in ranking])]
+            cosines = self.dense.similarity(result.query_vector, [d for d, _ in ranking])
+            return [min(1.0, max(0.0, c)) for c in cosines]
         fused = dict(result.fused)
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 

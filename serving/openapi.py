@@ -91,20 +91,11 @@ def openapi_document(settings: Settings, keyed_protocol: bool) -> dict:
     refusals = _errors(401, 403, 413, 422, 429, 503, 504, schema=message)
     turn_refusals = _errors(401, 403, 413, 422, 429, 503, 504, schema={"anyOf": [message, OBJECT]})
     paths = {
-        "/search_nfcorpus": {
-            "post": _op(
-                "Top documents for a query (the MCP tool's twin)",
-                _ok(spec.ref(SearchResponse), "ranked documents"),
-                _errors(400, 413, 422, *busy),
-                search_body,
-            )
-        },
-        "/search": {
-            "post": _op(
-                "Top chunks for a query, with filters and a similarity threshold",
-                _ok(spec.ref(ChunkResponse), "ranked chunks"),
-                _errors(400, 413, 422, *busy),
-                search_body,
+        **{
+            path: {"post": _op(summary, _ok(spec.ref(reply), what), _errors(400, 413, 422, *busy), search_body)}
+            for path, summary, reply, what in (
+                ("/search_nfcorpus", "Top documents for a query (the MCP tool's twin)", SearchResponse, "documents"),
+                ("/search", "Top chunks for a query, with filters and a threshold", ChunkResponse, "ranked chunks"),
             )
         },
         "/documents": {

@@ -234,7 +234,8 @@ class ProtocolDoor:
         top_k = whole_number(raw.get("top_k", 5))
         if top_k is None or not 1 <= top_k <= MAX_TOP_K:
             return self._refused(ErrorCode.INVALID_MESSAGE, f"'top_k' must be an integer from 1 to {MAX_TOP_K}", {})
-        conversation, history = raw.get("conversation_id"), raw.get("conversation_history") or []
+        conversation, history = raw.get("conversation_id"), raw.get("conversation_history")
+        history = [] if history is None else history
         if conversation is not None and not isinstance(conversation, str):
             return self._refused(ErrorCode.INVALID_MESSAGE, "'conversation_id' must be a string", {})
         if not isinstance(history, list):
