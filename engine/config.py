@@ -74,6 +74,14 @@ class Settings(BaseSettings):
     rerank_runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto", description="auto = ONNX Runtime on a CPU (same scores, ~1.6x faster), torch fp16 on CUDA"
     )
+    rerank_quantize: Literal["none", "int8"] = Field(
+        "none",
+        description="int8 = ONNX Runtime's dynamic int8 reranker (CPU; see the README's CPU reranking table)",
+    )
+    rerank_cache_size: int = Field(
+        20_000, ge=0, description="(query, document) scores kept for repeated questions; 0 = no cache"
+    )
+    rerank_cache_s: float = Field(600.0, gt=0, description="seconds a cached reranker score stays valid")
     max_length: int | None = Field(
         None,
         ge=16,

@@ -1,7 +1,9 @@
 """The cross-encoder on ONNX Runtime: the same scores as eager torch, about 1.6x faster on a CPU.
 
 The model is traced once into ``model.onnx`` (dynamic batch and length) beside its weights, or in
-the user's cache when that folder is read-only, and re-traced when the weights are newer.
+the user's cache when that folder is read-only, and re-traced when the weights are newer. With
+``quantize="int8"`` the trace is quantized once more into ``model-int8.onnx``: int8 weights per output
+channel, activations quantized per batch at run time (dynamic quantization, no calibration set).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 ONNX_DIR = "onnx"
 ONNX_FILE = "model.onnx"
+INT8_FILE = "model-int8.onnx"
 
 
 def onnx_path(source: str) -> Path:
@@ -55,10 +58,21 @@ def export_onnx(model, tokenizer, path: Path) -> None:
     log.info("reranker traced to ONNX: %s", path)
 
 
-class OnnxCrossEncoder:
-    """``predict`` like ``CrossEncoder.predict`` (length-sorted batches, the model's activation)."""
+def quantize_int8(traced: Path, path: Path) -> None:
+    """Dynamic int8 quantization of a traced model, per output channel (per tensor loses more rank
+    agreement with fp32 on a CPU without VNNI, where ONNX Runtime multiplies u8 x s8 in 16 bits)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    def __init__(self, cross_encoder, source: str, device: str, max_length: int) -> None:
+    partial = path.with_suffix(".partial")
+    quantize_dynamic(str(traced), str(partial), weight_type=QuantType.QInt8, per_channel=True)
+    partial.replace(path)
+    log.info("reranker quantized to int8: %s", path)
+
+
+class OnnxCrossEncoder:
+    """``logits`` like ``CrossEncoder.predict`` without the activation (length-sorted batches)."""
+
+    def __init__(self, cross_encoder, source: str, device: str, max_length: int, quantize: str = "none") -> None:
         import onnxruntime as ort
         import torch
 
@@ -66,6 +80,10 @@ class OnnxCrossEncoder:
         weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
         if not path.is_file() or path.stat().st_mtime < max(weights, default=0):
             export_onnx(cross_encoder.transformers_model, cross_encoder.tokenizer, path)
+        if quantize == "int8":
+            traced, path = path, path.with_name(INT8_FILE)
+            if not path.is_file() or path.stat().st_mtime < traced.stat().st_mtime:
+                quantize_int8(traced, path)
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         providers = ["CPUExecutionProvider"]
@@ -76,13 +94,10 @@ class OnnxCrossEncoder:
             log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): reranking on the CPU")
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.tokenizer = cross_encoder.tokenizer
-        self.activation = cross_encoder.activation_fn
         self.max_length = max_length
         self.path = path
 
-    def predict(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
-        import torch
-
+    def logits(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
         order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
         logits = np.empty(len(pairs), dtype=np.float32)
         for start in range(0, len(order), batch_size):
@@ -97,4 +112,4 @@ class OnnxCrossEncoder:
             )
             feed = {n: features[n].astype(np.int64) for n in self.inputs}
             logits[rows] = self.session.run(None, feed)[0][:, 0]
-        return self.activation(torch.from_numpy(logits)).numpy()
+        return logits

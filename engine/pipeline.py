@@ -33,6 +33,7 @@ from engine.learned_fusion import FusionModelError, LearnedFusion
 from engine.lucene import LuceneIndex
 from engine.memory import JudgmentMemory
 from engine.models import load_encoder, pick_device
+from engine.pair_cache import PairCache
 from engine.rerank import Reranker, RerankerError
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,10 @@ class HybridEngine:
             return None
         try:
             s = self.settings
-            reranker = Reranker(path, self.device, s.max_length, s.rerank_batch_size, s.rerank_runtime)
+            cache = PairCache(s.rerank_cache_size, s.rerank_cache_s) if s.rerank_cache_size else None
+            reranker = Reranker(
+                path, self.device, s.max_length, s.rerank_batch_size, s.rerank_runtime, s.rerank_quantize, cache
+            )
         except RerankerError as exc:
             if self.settings.reranker is not None:
                 raise

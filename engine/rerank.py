@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.models import resolve_model
 from engine.onnx_runtime import OnnxCrossEncoder
+from engine.pair_cache import PairCache
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"  # written by `train-reranker`; a model from elsewhere may have none
@@ -21,18 +22,28 @@ class Reranker:
     """Scores (query, document) pairs jointly, in length-sorted batches.
 
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
-    ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch.
+    ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
+    Runtime's dynamic int8 model (needs ONNX Runtime). ``cache``: scores of pairs seen lately.
     """
 
     def __init__(
-        self, name: str, device: str, max_length: int | None = None, batch_size: int = 32, runtime: str = "auto"
+        self,
+        name: str,
+        device: str,
+        max_length: int | None = None,
+        batch_size: int = 32,
+        runtime: str = "auto",
+        quantize: str = "none",
+        cache: PairCache | None = None,
     ) -> None:
         from sentence_transformers import CrossEncoder
 
         source = resolve_model(name)
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             raise RerankerError(f"{name}: not a model folder (no config.json)")
-        wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" else "torch")
+        wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
+        if quantize != "none" and wanted != "onnx":
+            raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
         try:
             self.model = CrossEncoder(
                 source, device="cpu" if wanted == "onnx" else device, max_length=max_length, num_labels=1
@@ -46,15 +57,16 @@ class Reranker:
         self.onnx: OnnxCrossEncoder | None = None
         if wanted == "onnx":
             try:
-                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length)
+                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize)
             except Exception as exc:  # tracing or the runtime failed: say so, and why
-                if runtime == "onnx":
+                if runtime == "onnx" or quantize != "none":
                     raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc
                 log.warning("ONNX Runtime cannot run %s (%s); scoring with torch", name, exc)
                 self.model.to(device)
         if self.onnx is None and device == "cuda":
             self.model.half()
-        self.runtime = "onnx" if self.onnx is not None else "torch"
+        self.runtime = ("onnx" if quantize == "none" else f"onnx-{quantize}") if self.onnx is not None else "torch"
+        self.cache = cache
         self.name = name
         self.device = device
         self.batch_size = batch_size
@@ -65,7 +77,22 @@ class Reranker:
         return self.score_pairs([(query, p) for p in passages])
 
     def score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
-        """Scores for (query, passage) pairs; the model sorts them by length into batches.
+        """Scores for (query, passage) pairs (the model's activation of its logits), from the cache
+        for pairs it holds."""
+        if not pairs:
+            return []
+        if self.cache is not None:
+            return self.cache.scores(pairs, self._activated)
+        return self._activated(pairs)
+
+    def _activated(self, pairs: list[tuple[str, str]]) -> list[float]:
+        import torch
+
+        return [float(s) for s in self.model.activation_fn(torch.tensor(self.logits(pairs)))]
+
+    def logits(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """Raw scores before the activation (what distillation compares); the model sorts the pairs by
+        length into batches.
 
         A GPU out-of-memory error never fails the request: the batch is halved until it fits,
         and at batch size 1 the model moves to the CPU for good.
@@ -75,11 +102,14 @@ class Reranker:
         if not pairs:
             return []
         if self.onnx is not None:
-            return [float(s) for s in self.onnx.predict(pairs, self.batch_size)]
+            return [float(s) for s in self.onnx.logits(pairs, self.batch_size)]
         batch = self.batch_size
+        identity = torch.nn.Identity()
         while True:
             try:
-                scores = self.model.predict(pairs, batch_size=batch, show_progress_bar=False, convert_to_numpy=True)
+                scores = self.model.predict(
+                    pairs, batch_size=batch, show_progress_bar=False, convert_to_numpy=True, activation_fn=identity
+                )
                 return [float(s) for s in scores]
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()

@@ -10,6 +10,11 @@ the positive's margin over each negative (RankNet), ``loss="pointwise"`` with bi
 training queries that cited it, nearest the query first, the query itself left out: on NFCorpus dev
 that turns a reranker that barely moved the learned fusion into a clear gain. Checkpoints are chosen
 by dev nDCG@10 through the real engine pipeline, never by loss.
+
+Distillation (``distil_from``): a smaller student, by default the teacher itself with only
+``student_layers`` of its layers kept (evenly spaced, head included, as DistilBERT starts), learns
+the teacher's scores over the same groups: a KL divergence between the two softmaxes over each group,
+weighted ``distil_weight`` against the judgment loss above. The student is what a CPU can afford.
 """
 
 from __future__ import annotations
@@ -63,12 +68,22 @@ class TrainOptions:
     seed: int = 13
     loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
     memory_context: int = 5
+    distil_from: str | None = None
+    distil_weight: float = 0.75
+    student_layers: int | None = None
 
 
 def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = None, progress: bool = True) -> dict:
     """Train, keep the best dev checkpoint in ``<index_dir>/reranker`` and return its model card."""
     import torch
 
+    target = Path(settings.index_dir) / RERANKER_DIR
+    if options.distil_from and Path(options.distil_from).resolve() == target.resolve():
+        raise ValueError(
+            f"--distil-from {options.distil_from} is the folder the student would replace: copy the teacher elsewhere"
+        )
+    if not 0 <= options.distil_weight <= 1:
+        raise ValueError(f"--distil-weight must be between 0 and 1, not {options.distil_weight}")
     if options.mine_depth < options.group_size:
         raise ValueError(f"--mine-depth {options.mine_depth} cannot hold a group of {options.group_size} documents")
     started = time.perf_counter()
@@ -99,10 +114,16 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         )
 
     device = pick_device(settings.device)
+    teacher = (
+        Reranker(options.distil_from, device, batch_size=settings.rerank_batch_size, runtime=settings.rerank_runtime)
+        if options.distil_from
+        else None
+    )
     from sentence_transformers import CrossEncoder
 
     max_length = settings.max_length or TRAIN_MAX_LENGTH  # saved with the model: serving reads it back
     model = CrossEncoder(resolve_model(options.base), num_labels=1, max_length=max_length, device=device)
+    _keep_layers(model.transformers_model, options.student_layers)
     _freeze_lower_layers(model.transformers_model, options.freeze_layers)
     steps = options.max_steps or math.ceil(len(train_ids) / options.batch_queries)
     eval_every = options.eval_every or max(1, steps // 4)
@@ -123,7 +144,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
                 order = train_ids[:]
                 rng.shuffle(order)
             batch.append(order.pop())
-        loss = _group_loss(model, engine, dataset, batch, positives, negatives, options, rng, use_amp)
+        loss = _group_loss(model, teacher, engine, dataset, batch, positives, negatives, options, rng, use_amp)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
@@ -145,8 +166,11 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "train_split": split,
         "train_queries": len(train_ids),
         "loss": f"{LOSSES[options.loss]}, 1 positive + {options.group_size - 1} hard negatives"
-        f" from the RRF top {options.mine_depth} (memory leave-one-out)",
+        f" from the RRF top {options.mine_depth} (memory leave-one-out)"
+        + (f"; distilled: {options.distil_weight} x KL to the teacher's softmax over each group" if teacher else ""),
         "options": asdict(options),
+        "layers": model.transformers_model.config.num_hidden_layers,
+        **({"teacher": _teacher_summary(teacher)} if teacher else {}),
         "max_length": max_length,
         "memory_context": options.memory_context,
         "steps": steps,
@@ -163,7 +187,6 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "history": history,
     }
     (work / "best" / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
-    target = Path(settings.index_dir) / RERANKER_DIR
     shutil.rmtree(target, ignore_errors=True)
     shutil.move(str(work / "best"), target)
     shutil.rmtree(work, ignore_errors=True)
@@ -174,18 +197,53 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _teacher_summary(teacher: Reranker) -> dict:
+    """What the student learned from: the teacher's folder and, from its own card, how it was made."""
+    card = Path(teacher.name) / CARD_FILE
+    own = json.loads(card.read_text()) if card.is_file() else {}
+    return {
+        "path": str(Path(teacher.name).resolve()),
+        "base_model": own.get("base_model"),
+        "layers": teacher.model.transformers_model.config.num_hidden_layers,
+        "max_length": teacher.max_length,
+        "memory_context": teacher.memory_context,
+        "dev_reranked": own.get("dev_reranked"),
+    }
+
+
+def _encoder_layers(model, option: str):
+    """The transformer blocks of a BERT-style encoder (MiniLM, BERT, ELECTRA...)."""
+    base = model.base_model
+    blocks = getattr(getattr(base, "encoder", None), "layer", None)
+    if blocks is None or not hasattr(base, "embeddings"):
+        raise ValueError(f"{option} needs a BERT-style encoder; {type(model).__name__} is not one")
+    return blocks
+
+
+def _keep_layers(model, layers: int | None) -> None:
+    """Keep ``layers`` transformer blocks, evenly spaced from the first to the last: the student starts
+    as the base with layers dropped, so it inherits embeddings, head and the ends of the stack."""
+    if not layers:
+        return
+    import torch
+
+    blocks = _encoder_layers(model, "--student-layers")
+    if layers > len(blocks):
+        raise ValueError(f"--student-layers {layers}: the model has only {len(blocks)} layers")
+    keep = sorted({round(i * (len(blocks) - 1) / max(layers - 1, 1)) for i in range(layers)})
+    model.base_model.encoder.layer = torch.nn.ModuleList(blocks[i] for i in keep)
+    model.config.num_hidden_layers = layers
+
+
 def _freeze_lower_layers(model, layers: int) -> None:
     """Freeze the embeddings and the first ``layers`` transformer layers: on a CPU the backward pass
     then stops early (MiniLM-L6, 3 frozen: 1.6x the pairs per second) and a short run moves less."""
     if layers <= 0:
         return
-    base = model.base_model
-    blocks = getattr(getattr(base, "encoder", None), "layer", None)
-    if blocks is None or not hasattr(base, "embeddings"):
-        raise ValueError(f"--freeze-layers needs a BERT-style encoder; {type(model).__name__} is not one")
+    blocks = _encoder_layers(model, "--freeze-layers")
     if layers >= len(blocks):
         raise ValueError(f"--freeze-layers {layers}: the model has only {len(blocks)} layers")
-    for module in [base.embeddings, *blocks[:layers]]:
+    for module in [model.base_model.embeddings, *blocks[:layers]]:
         module.requires_grad_(False)
 
 
@@ -200,14 +258,16 @@ def _param_groups(model, lr: float) -> list[dict]:
     return [{"params": body, "lr": lr}, {"params": head, "lr": lr * HEAD_LR_FACTOR}]
 
 
-def _group_loss(model, engine, dataset, batch, positives, negatives, options: TrainOptions, rng, use_amp):
+def _group_loss(model, teacher, engine, dataset, batch, positives, negatives, options: TrainOptions, rng, use_amp):
     """The positive sits at index 0 of each query's group: softmax cross-entropy over the group
     (listwise), log(1 + e^(negative - positive)) per negative (pairwise) or binary cross-entropy per
-    pair (pointwise). Documents read as serving will read them (memory context left one out)."""
+    pair (pointwise). Documents read as serving will read them (memory context left one out). With a
+    teacher, its softmax over the group is a soft target too (KL divergence), each model reading the
+    documents as it was trained to."""
     import torch
 
     group_size = options.group_size
-    pairs = []
+    pairs, teacher_pairs = [], []
     for qid in batch:
         docs = positives[qid]
         pos = rng.choices(list(docs), weights=list(docs.values()))[0]
@@ -215,6 +275,10 @@ def _group_loss(model, engine, dataset, batch, positives, negatives, options: Tr
         query = dataset.queries[qid]
         passages = engine.rerank_passages(query, group, options.memory_context, exclude=qid)
         pairs += [(query, p) for p in passages]
+        if teacher is not None:
+            if teacher.memory_context != options.memory_context:
+                passages = engine.rerank_passages(query, group, teacher.memory_context, exclude=qid)
+            teacher_pairs += [(query, p) for p in passages]
     features = model.tokenizer(
         [q for q, _ in pairs],
         [d for _, d in pairs],
@@ -225,13 +289,28 @@ def _group_loss(model, engine, dataset, batch, positives, negatives, options: Tr
     ).to(model.device)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
         logits = model.transformers_model(**features).logits.view(len(batch), group_size).float()
-    if options.loss == "pointwise":
+    hard = _judgment_loss(logits, options.loss)
+    if teacher is None:
+        return hard
+    target = torch.tensor(teacher.logits(teacher_pairs), device=logits.device).view(len(batch), group_size)
+    log_softmax = torch.nn.functional.log_softmax
+    soft = torch.nn.functional.kl_div(
+        log_softmax(logits, -1), log_softmax(target, -1), log_target=True, reduction="batchmean"
+    )
+    return options.distil_weight * soft + (1 - options.distil_weight) * hard
+
+
+def _judgment_loss(logits, loss: str):
+    """Loss against the judgments, the positive at column 0 of each group."""
+    import torch
+
+    if loss == "pointwise":
         targets = torch.zeros_like(logits)
         targets[:, 0] = 1.0
         return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
-    if options.loss == "pairwise":
+    if loss == "pairwise":
         return torch.nn.functional.softplus(logits[:, 1:] - logits[:, :1]).mean()
-    return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=logits.device))
+    return torch.nn.functional.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
 
 
 def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, qrels, queries) -> dict[str, float]:

@@ -35,7 +35,9 @@ file named by --config or HYBRID_SEARCH_CONFIG; flags win over both."""
 TRAIN_EPILOG = """examples:
   hybrid-search train-reranker                     # GPU: one pass over every training query
   hybrid-search train-reranker --max-steps 420 --lr 2e-4 --freeze-layers 2 --max-length 128 \\
-      --eval-every 140                            # bounded CPU run: ~36 minutes on 2 cores"""
+      --eval-every 140                            # bounded CPU run: ~36 minutes on 2 cores
+  hybrid-search train-reranker --distil-from teacher/ --student-layers 2 --max-length 96 \
+      --max-steps 400 --lr 1e-4 --eval-every 100  # a 2-layer student for CPUs"""
 
 
 def _paths(p: argparse.ArgumentParser, data: bool = False) -> None:
@@ -78,6 +80,12 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rerank-runtime", choices=["auto", "torch", "onnx"], help="auto = ONNX Runtime on CPU, torch fp16 on CUDA"
+    )
+    g.add_argument(
+        "--rerank-quantize", choices=["none", "int8"], help="int8: ONNX Runtime's dynamic int8 model (default none)"
+    )
+    g.add_argument(
+        "--rerank-cache-size", type=int, help="scores of repeated (query, document) pairs kept (default 20000; 0 = off)"
     )
     g.add_argument(
         "--rerank-batch-wait-ms", type=float, help="CUDA only: wait to share rerank batches (default 3; 0 = off)"
@@ -149,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _paths(p, data=True)
-    p.add_argument("--base", help="model to start from (default the offline all-MiniLM-L6-v2)")
+    p.add_argument(
+        "--base", help="model to start from (default: the teacher when distilling, else the offline all-MiniLM-L6-v2)"
+    )
     p.add_argument("--split", default=None, help="training judgments (default train.graded if present, else train)")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: one pass over the queries)")
     p.add_argument("--queries", type=int, default=None, help="sample this many training queries")
@@ -187,6 +197,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix each document with the N training queries nearest the query that cited it (the judgment"
         " memory's, the query itself left out), so the model learns which of them ask the same thing;"
         " serving does the same (default 5: on dev far better than plain documents; 0: plain documents)",
+    )
+    g = p.add_argument_group("distillation: a smaller student that learns a trained reranker's scores")
+    g.add_argument(
+        "--distil-from",
+        metavar="DIR",
+        help="the teacher: a trained reranker folder (not <index-dir>/reranker, which the student replaces)",
+    )
+    g.add_argument(
+        "--student-layers",
+        type=int,
+        metavar="N",
+        help="keep N of the base's transformer layers, evenly spaced (default: all)",
+    )
+    g.add_argument(
+        "--distil-weight",
+        type=float,
+        default=0.75,
+        help="share of the loss that follows the teacher (KL over each group); the rest follows the judgments"
+        " (default 0.75)",
     )
     _device(p)
 

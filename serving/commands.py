@@ -125,7 +125,7 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
     from index_build.train_reranker import TrainOptions, train
 
     options = TrainOptions(
-        base=args.base or settings.encoder,
+        base=args.base or args.distil_from or settings.encoder,
         split=args.split,
         max_steps=args.max_steps,
         queries=args.queries,
@@ -139,6 +139,9 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         seed=args.seed,
         loss=args.loss,
         memory_context=args.memory_context,
+        distil_from=args.distil_from,
+        distil_weight=args.distil_weight,
+        student_layers=args.student_layers,
     )
     card = train(settings, options)
     console.print_json(json.dumps(card))

@@ -111,6 +111,7 @@ class SearchService:
         )
         self.registry.register(_AgentMetrics(self.router))
         self.registry.register(_FallbackMetrics(self))
+        self.registry.register(_RerankCacheMetrics(self.engine))
         self.admission = Admission(settings.max_in_flight, settings.max_queue_s, self.registry)
 
     async def search(self, request: SearchRequest, door: str) -> list[Hit]:
@@ -235,6 +236,21 @@ class _FallbackMetrics:
             yield CounterMetricFamily(
                 f"{name}_failures", f"Calls to the {name} that failed (a fallback answered)", value=count.failures
             )
+
+
+class _RerankCacheMetrics:
+    """``rerank_cache_hits_total`` / ``_misses_total``: (query, document) scores the cache answered."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        cache = getattr(self.engine.reranker, "cache", None)
+        if cache is not None:
+            yield CounterMetricFamily("rerank_cache_hits", "Reranker scores served from the cache", value=cache.hits)
+            yield CounterMetricFamily("rerank_cache_misses", "Reranker scores computed", value=cache.misses)
 
 
 class _AgentMetrics:

@@ -1,0 +1,152 @@
+"""The cheaper CPU reranker: distillation into fewer layers, int8 ONNX Runtime, the pair cache."""
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import Settings
+from engine.dataset import load_dataset
+from engine.pair_cache import PairCache
+from engine.pipeline import HybridEngine
+from engine.rerank import Reranker, RerankerError
+from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
+
+
+def _disagreement(student: Reranker, teacher: Reranker, engine, beir_dir) -> float:
+    """Mean KL divergence between the teacher's and the student's softmax over each training query's
+    top 8 (what the student was shown; the tiny corpus is too small to ask for more)."""
+    total, queries = 0.0, load_dataset(beir_dir).split_queries("train")
+    for text in queries.values():
+        ids = [d for d, _ in engine.stages(text, top_k=8).fused[:8]]
+        pairs = [(text, p) for p in engine.rerank_passages(text, ids, 0)]
+        s, t = torch.tensor(student.logits(pairs)), torch.tensor(teacher.logits(pairs))
+        total += float(torch.nn.functional.kl_div(s.log_softmax(0), t.log_softmax(0), log_target=True, reduction="sum"))
+    return total / len(queries)
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(reranker_dir, tmp_path_factory) -> str:
+    """The seeded cross-encoder with its head scaled up: scores far apart, a teacher worth following."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(reranker_dir)
+    with torch.no_grad():
+        model.classifier.weight.mul_(40)
+    folder = tmp_path_factory.mktemp("teacher")
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(reranker_dir).save_pretrained(folder)
+    return str(folder)
+
+
+def test_distilled_student_has_fewer_layers_and_follows_its_teacher(index_dir, beir_dir, teacher_dir, tmp_path):
+    reranker_dir = teacher_dir
+    work_index = tmp_path / "idx"
+    shutil.copytree(index_dir, work_index)
+    settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
+    options = TrainOptions(
+        base=reranker_dir,
+        distil_from=reranker_dir,
+        student_layers=2,
+        distil_weight=1.0,
+        max_steps=12,
+        batch_queries=4,
+        group_size=4,
+        lr=3e-4,
+        eval_every=12,
+        mine_depth=12,
+        memory_context=0,
+    )
+    engine = HybridEngine(settings.model_copy(update={"rerank": False}))
+    teacher = Reranker(reranker_dir, "cpu", max_length=64)
+    untrained = Reranker(reranker_dir, "cpu", max_length=64, runtime="torch")
+    _keep_layers(untrained.model.transformers_model, 2)
+    before = _disagreement(untrained, teacher, engine, beir_dir)
+
+    card = train(settings, options, progress=False)
+
+    assert card["layers"] == 2 and card["teacher"]["layers"] == 6 and card["teacher"]["path"] == reranker_dir
+    assert "distilled" in card["loss"] and card["options"]["distil_from"] == reranker_dir
+    saved = json.loads((work_index / "reranker" / CARD_FILE).read_text())
+    assert (
+        saved["layers"] == 2
+        and json.loads((work_index / "reranker" / "config.json").read_text())["num_hidden_layers"] == 2
+    )
+    student = HybridEngine(settings.model_copy(update={"max_length": None})).reranker
+    assert student.model.transformers_model.config.num_hidden_layers == 2
+    assert _disagreement(student, teacher, engine, beir_dir) < before
+
+
+def test_a_student_keeps_the_first_and_last_layers(reranker_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(reranker_dir)
+    student = AutoModelForSequenceClassification.from_pretrained(reranker_dir)
+    _keep_layers(student, 3)
+    kept = student.bert.encoder.layer
+    assert len(kept) == student.config.num_hidden_layers == 3
+    for mine, theirs in zip(kept, [teacher.bert.encoder.layer[i] for i in (0, 2, 5)], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(mine.parameters(), theirs.parameters(), strict=True))
+    with pytest.raises(ValueError, match="only 6 layers"):
+        _keep_layers(AutoModelForSequenceClassification.from_pretrained(reranker_dir), 7)
+
+
+def test_distilling_into_the_teachers_own_folder_is_refused(index_dir, beir_dir):
+    settings = Settings(data_dir=beir_dir, index_dir=index_dir, device="cpu")
+    teacher = str(index_dir / "reranker")
+    with pytest.raises(ValueError, match="the folder the student would replace"):
+        train(settings, TrainOptions(base=teacher, distil_from=teacher, max_steps=1), progress=False)
+
+
+def test_int8_scores_stay_near_fp32(reranker_dir, engine, tmp_path):
+    folder = tmp_path / "reranker"
+    shutil.copytree(reranker_dir, folder)
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    query = "coffee and liver enzymes"
+    fp32 = Reranker(str(folder), "cpu", max_length=64)
+    int8 = Reranker(str(folder), "cpu", max_length=64, quantize="int8")
+    assert int8.runtime == "onnx-int8" and int8.onnx.path.name == "model-int8.onnx"
+    assert int8.onnx.path.stat().st_size < fp32.onnx.path.stat().st_size / 3  # int8 weights
+    a, b = np.array(fp32.logits([(query, d) for d in docs])), np.array(int8.logits([(query, d) for d in docs]))
+    from scipy.stats import spearmanr
+
+    assert spearmanr(a, b)[0] > 0.9 and np.abs(a - b).max() < 0.2 * (a.max() - a.min())
+
+
+def test_int8_needs_onnx_runtime(reranker_dir):
+    with pytest.raises(RerankerError, match="needs the ONNX runtime"):
+        Reranker(reranker_dir, "cpu", runtime="torch", quantize="int8")
+
+
+def test_pair_cache_scores_each_pair_once_within_its_lifetime():
+    computed: list[tuple[str, str]] = []
+
+    def compute(pairs):
+        computed.extend(pairs)
+        return [float(len(q) + len(p)) for q, p in pairs]
+
+    cache = PairCache(100, ttl_s=0.2)
+    first = cache.scores([("q", "a"), ("q", "bb")], compute)
+    again = cache.scores([("q", "bb"), ("q", "a"), ("q2", "a")], compute)
+    assert first == [2.0, 3.0] and again == [3.0, 2.0, 3.0]
+    assert computed == [("q", "a"), ("q", "bb"), ("q2", "a")] and (cache.hits, cache.misses) == (2, 3)
+    assert cache.scores([("q", "a "), ("q a", "")], compute) == [3.0, 3.0]  # other texts, other keys
+    time.sleep(0.3)
+    cache.scores([("q", "a")], compute)
+    assert computed[-1] == ("q", "a") and cache.misses == 6  # expired
+
+
+def test_engine_reuses_cached_scores_for_a_repeated_question(index_dir, reranker_dir):
+    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6))
+    cache = engine.reranker.cache
+    first = engine.search("caffeine liver", 3)
+    misses = cache.misses
+    assert misses >= 6 and cache.hits == 0
+    second = engine.search("caffeine liver", 3)
+    assert cache.misses == misses and cache.hits == misses
+    assert [(h.doc_id, h.rerank_score) for h in first] == [(h.doc_id, h.rerank_score) for h in second]
+    plain = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_cache_size=0))
+    assert plain.reranker.cache is None
