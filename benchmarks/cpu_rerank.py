@@ -3,14 +3,15 @@
     python -m benchmarks.cpu_rerank \\
         --variant teacher=indexes/nfcorpus/reranker \\
         --variant teacher-int8=indexes/nfcorpus/reranker:int8 \\
-        --variant L2-96=indexes/student/reranker
+        --variant teacher-96-int8=indexes/nfcorpus/reranker:int8:96 \\
+        --variant L3-96=indexes/student/reranker
 
 A variant is ``NAME=FOLDER[:int8][:MAX_LENGTH]``; the first is the baseline every other one is
 t-tested against (paired, per dev query, nDCG@10), so put today's served reranker first. Per
 variant: the model's pairs/s and p50 milliseconds at rerank depth 10/20/30 (one query at a time,
 as serving scores them), the rerank stage's p50 inside the engine at the configured depth, end to
-end p50 through the A2A door with one client (a real ``serve`` process), and the served pipeline's
-dev nDCG@10 and in-list NDCG@5. The pair cache is off throughout; ``--replay`` measures its hit rate
+end through the A2A door (a real ``serve`` process; one client, then four), and the served
+pipeline's dev nDCG@10 and in-list NDCG@5. The pair cache is off throughout; ``--replay`` measures its hit rate
 separately on one pass over every query in the dataset. Writes
 ``benchmarks/results/<machine>/cpu-rerank.json``.
 """
@@ -31,7 +32,7 @@ from benchmarks.latency import _http_load, machine, machine_name
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from engine.config import Settings
 from engine.dataset import load_dataset
-from engine.evaluation import continue_with_fused, evaluate_run, paired_test
+from engine.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
 from engine.pair_cache import PairCache
 from engine.pipeline import HybridEngine
 from engine.progress import track
@@ -113,12 +114,13 @@ def measure(variant: Variant, args: argparse.Namespace, queries: dict[str, str],
         "quality": quality,
     }
     del engine
-    row["a2a_p50_ms"] = end_to_end(variant, args, list(queries.values())[: args.e2e_queries])
+    row["a2a"] = end_to_end(variant, args, list(queries.values())[: args.e2e_queries])
     return row, run
 
 
-def end_to_end(variant: Variant, args: argparse.Namespace, texts: list[str]) -> float:
-    """p50 milliseconds of ``message/send`` through a real ``serve`` process, one client."""
+def end_to_end(variant: Variant, args: argparse.Namespace, texts: list[str]) -> dict:
+    """``message/send`` through a real ``serve`` process: p50 with one client, and p50, p95 and
+    queries/s with four (the admission limit: every slot busy, the cores shared)."""
     mcp_port, a2a_port = free_port(), free_port()
     log = Path(tempfile.mkdtemp(prefix="cpu-rerank-")) / "serve.log"
     proc = start_server(
@@ -130,10 +132,16 @@ def end_to_end(variant: Variant, args: argparse.Namespace, texts: list[str]) -> 
         url = f"http://127.0.0.1:{a2a_port}/"
         wait_until_up(url)
         asyncio.run(_http_load("a2a", url, texts[:3], 1, 5, 60))  # warm-up
-        report = asyncio.run(_http_load("a2a", url, texts, 1, 5, 60))
-        if report["errors"]:
-            raise RuntimeError(f"{variant.name}: {report['errors']} A2A requests failed; see {log}")
-        return round(report["p50"], 1)
+        one = asyncio.run(_http_load("a2a", url, texts, 1, 5, 60))
+        four = asyncio.run(_http_load("a2a", url, texts, 4, 5, 60))
+        if one["errors"] or four["errors"]:
+            raise RuntimeError(f"{variant.name}: {one['errors'] + four['errors']} A2A requests failed; see {log}")
+        return {
+            "p50_ms_1_client": round(one["p50"], 1),
+            "p50_ms_4_clients": round(four["p50"], 1),
+            "p95_ms_4_clients": round(four["p95"], 1),
+            "qps_4_clients": round(four["qps"], 2),
+        }
     finally:
         stop_server(proc)
 
@@ -162,13 +170,14 @@ def main() -> None:
     parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
     parser.add_argument("--data", type=Path, default=Settings().data_dir)
     parser.add_argument("--split", default="dev")
+    parser.add_argument("--num-queries", type=int, help="sample N judged queries of the split (default: all)")
     parser.add_argument("--timed-queries", type=int, default=60, help="queries timed at each depth (default 60)")
     parser.add_argument("--e2e-queries", type=int, default=60, help="A2A requests per variant (default 60)")
     parser.add_argument("--replay", action="store_true", help="also measure the pair cache's hit rate")
     parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/<machine>/cpu-rerank.json)")
     args = parser.parse_args()
     dataset = load_dataset(args.data)
-    queries, qrels = dataset.split_queries(args.split), dataset.qrels(args.split)
+    queries, qrels = sample_queries(dataset.split_queries(args.split), args.num_queries, 42), dataset.qrels(args.split)
     rows, runs = [], []
     for variant in args.variant:
         row, run = measure(variant, args, queries, qrels)

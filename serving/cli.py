@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fusion", choices=["auto", "rrf"], help="auto: train the learned fusion when there are train judgments"
     )
+    p.add_argument(
+        "--distil-from",
+        metavar="DIR",
+        help="then distil this trained reranker into the index's CPU student (2 layers, 96 tokens; ~40 min on"
+        " 2 cores); DIR must not be <index-dir>/reranker",
+    )
+    p.add_argument("--max-length", type=int, help="with --distil-from: the student's tokens per pair (default 96)")
     _device(p)
 
     p = sub.add_parser("search", help="search the index and print a table of hits")

@@ -27,6 +27,17 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
         f"built [bold]{settings.index_dir}[/]: {manifest.documents} documents, encoder {manifest.encoder}"
         f" ({manifest.dimension}-d, {manifest.dense_index}), {fusion}, {time.perf_counter() - started:.0f} s"
     )
+    if args.distil_from:
+        from index_build.train_reranker import STUDENT_MAX_LENGTH, student_options, train
+
+        card = train(
+            settings.model_copy(update={"max_length": settings.max_length or STUDENT_MAX_LENGTH}),
+            student_options(args.distil_from),
+        )
+        console.print(
+            f"student reranker in {settings.index_dir}/reranker: {card['layers']} layers, dev nDCG@10"
+            f" {card['dev_reranked']['nDCG@10']:.4f} (fused {card['dev_fused']['nDCG@10']:.4f})"
+        )
     return 0
 
 

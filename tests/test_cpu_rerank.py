@@ -150,3 +150,11 @@ def test_engine_reuses_cached_scores_for_a_repeated_question(index_dir, reranker
     assert [(h.doc_id, h.rerank_score) for h in first] == [(h.doc_id, h.rerank_score) for h in second]
     plain = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_cache_size=0))
     assert plain.reranker.cache is None
+
+
+def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranker_dir):
+    reranker = Reranker(reranker_dir, "cpu", max_length=64)
+    words = "caffeine intake was associated with lower liver enzyme levels in the cohort".split()
+    passage = " ".join(words[i % len(words)] for i in range(2000))  # ~13,000 characters
+    pairs = [("coffee and the liver", passage), ("coffee", passage[::-1])]
+    assert reranker.logits(pairs) == [float(s) for s in reranker.onnx.logits(pairs)]
