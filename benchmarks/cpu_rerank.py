@@ -1,12 +1,13 @@
 """CPU reranking variants side by side: speed per pair and per query, end to end, and dev quality.
 
     python -m benchmarks.cpu_rerank \\
-        --variant teacher=indexes/nfcorpus/reranker \\
-        --variant teacher-int8=indexes/nfcorpus/reranker:int8 \\
+        --variant teacher-128=indexes/nfcorpus/reranker:128 \\
+        --variant teacher-96=indexes/nfcorpus/reranker:96 \\
         --variant teacher-96-int8=indexes/nfcorpus/reranker:int8:96 \\
         --variant L3-96=indexes/student/reranker
 
-A variant is ``NAME=FOLDER[:int8][:MAX_LENGTH]``; the first is the baseline every other one is
+A variant is ``NAME=FOLDER[:int8][:MAX_LENGTH]`` (fp32 unless ``int8``; MAX_LENGTH by default the
+served one: the trained length, at most 96 on a CPU); the first is the baseline every other one is
 t-tested against (paired, per dev query, nDCG@10), so put today's served reranker first. Per
 variant: the model's pairs/s and p50 milliseconds at rerank depth 10/20/30 (one query at a time,
 as serving scores them), the rerank stage's p50 inside the engine at the configured depth, end to

@@ -183,7 +183,14 @@ class HybridEngine:
             s = self.settings
             cache = PairCache(s.rerank_cache_size, s.rerank_cache_s) if s.rerank_cache_size else None
             reranker = Reranker(
-                path, self.device, s.max_length, s.rerank_batch_size, s.rerank_runtime, s.rerank_quantize, cache
+                path,
+                self.device,
+                s.max_length,
+                s.rerank_batch_size,
+                s.rerank_runtime,
+                s.rerank_quantize_for(self.device),
+                cache,
+                s.rerank_length_cap(self.device),
             )
         except RerankerError as exc:
             if self.settings.reranker is not None:

@@ -28,6 +28,7 @@ class Reranker:
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
     ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
     Runtime's dynamic int8 model (needs ONNX Runtime). ``cache``: scores of pairs seen lately.
+    ``length_cap``: at most this many tokens a pair, whatever the model was trained with.
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class Reranker:
         runtime: str = "auto",
         quantize: str = "none",
         cache: PairCache | None = None,
+        length_cap: int | None = None,
     ) -> None:
         from sentence_transformers import CrossEncoder
 
@@ -56,7 +58,7 @@ class Reranker:
             raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
         # unset: the length the model was saved with (what `train-reranker` trained), within its positions
         positions = getattr(self.model.transformers_model.config, "max_position_embeddings", 512)
-        self.model.max_seq_length = min(self.model.max_seq_length or positions, positions)
+        self.model.max_seq_length = min(self.model.max_seq_length or positions, positions, length_cap or positions)
         self.max_length: int = self.model.max_seq_length
         self.onnx: OnnxCrossEncoder | None = None
         if wanted == "onnx":

@@ -190,7 +190,12 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "seconds": round(time.perf_counter() - started, 1),
         "eval_split": options.eval_split,
         "eval_queries": len(eval_queries),
-        "eval_rerank": {"depth": settings.rerank_depth_for(device), "blend": settings.rerank_blend},
+        "eval_rerank": {
+            "depth": settings.rerank_depth_for(device),
+            "blend": settings.rerank_blend,
+            "quantize": settings.rerank_quantize_for(device),
+            "max_length": min(max_length, settings.rerank_length_cap(device) or max_length),
+        },
         "dev_fused": baseline,
         "dev_reranked": best["metrics"],
         "history": history,
@@ -327,8 +332,14 @@ def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, q
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder))
     (folder / CARD_FILE).write_text(json.dumps({"memory_context": options.memory_context}))  # the full card comes last
-    engine.reranker = Reranker(
-        str(folder), engine.device, settings.max_length, settings.rerank_batch_size, settings.rerank_runtime
+    engine.reranker = Reranker(  # as serving will load it: runtime, quantization, length
+        str(folder),
+        engine.device,
+        settings.max_length,
+        settings.rerank_batch_size,
+        settings.rerank_runtime,
+        settings.rerank_quantize_for(engine.device),
+        length_cap=settings.rerank_length_cap(engine.device),
     )
     try:
         stage = served_stage(engine)

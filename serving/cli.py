@@ -76,13 +76,17 @@ def _search_options(p: argparse.ArgumentParser) -> None:
         help="reranker's share against the fused scores, 0-1 (default 0.5; 1 = reranker alone)",
     )
     g.add_argument(
-        "--max-length", type=int, help="cross-encoder tokens per pair (default: what the reranker was trained with)"
+        "--max-length",
+        type=int,
+        help="cross-encoder tokens per pair (default: what the reranker was trained with, at most 96 on a CPU)",
     )
     g.add_argument(
         "--rerank-runtime", choices=["auto", "torch", "onnx"], help="auto = ONNX Runtime on CPU, torch fp16 on CUDA"
     )
     g.add_argument(
-        "--rerank-quantize", choices=["none", "int8"], help="int8: ONNX Runtime's dynamic int8 model (default none)"
+        "--rerank-quantize",
+        choices=["auto", "none", "int8"],
+        help="int8: ONNX Runtime's dynamic int8 model; auto (default): int8 on a CPU, none on CUDA",
     )
     g.add_argument(
         "--rerank-cache-size", type=int, help="scores of repeated (query, document) pairs kept (default 20000; 0 = off)"
