@@ -163,11 +163,34 @@ def replay_hit_rate(args: argparse.Namespace, dataset) -> dict:
     }
 
 
+def markdown(report: dict) -> str:
+    """The README's table: one row a variant, the baseline first."""
+    head = (
+        "| variant | layers | tokens | runtime | pairs/s | model p50 ms at depth 10 / 20 / 30 | rerank stage p50"
+        " | A2A p50, 1 client | A2A p50 / qps, 4 clients | dev nDCG@10 | in-list NDCG@5 | vs baseline (paired t) |\n"
+        + "| --- " * 12
+        + "|\n"
+    )
+    rows = []
+    for r in report["variants"]:
+        test = r.get("vs_baseline")
+        versus = f"{test['gain']:+.4f}, p = {test['p_value']:.2f}" if test else "baseline"
+        depths = " / ".join(f"{r['rerank_ms_p50'][str(d)]:.0f}" for d in DEPTHS)
+        a2a = r["a2a"]
+        rows.append(
+            f"| {r['variant']} | {r['layers']} | {r['max_length']} | {r['runtime']} | {r['pairs_per_s']:.0f} | {depths}"
+            f" | {r['rerank_stage_ms_p50']:.0f} ms | {a2a['p50_ms_1_client']:.0f} ms"
+            f" | {a2a['p50_ms_4_clients']:.0f} ms / {a2a['qps_4_clients']:.2f} | {r['nDCG@10']:.4f}"
+            f" | {r['in-list NDCG@5']:.4f} | {versus} |"
+        )
+    return head + "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--variant", type=Variant.parse, action="append", required=True, metavar="SPEC")
+    parser.add_argument("--variant", type=Variant.parse, action="append", default=[], metavar="SPEC")
     parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
     parser.add_argument("--data", type=Path, default=Settings().data_dir)
     parser.add_argument("--split", default="dev")
@@ -176,7 +199,13 @@ def main() -> None:
     parser.add_argument("--e2e-queries", type=int, default=60, help="A2A requests per variant (default 60)")
     parser.add_argument("--replay", action="store_true", help="also measure the pair cache's hit rate")
     parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/<machine>/cpu-rerank.json)")
+    parser.add_argument("--table", type=Path, metavar="JSON", help="only print the markdown table of an earlier run")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return
+    if not args.variant:
+        parser.error("give at least one --variant NAME=FOLDER[:int8][:MAX_LENGTH]")
     dataset = load_dataset(args.data)
     queries, qrels = sample_queries(dataset.split_queries(args.split), args.num_queries, 42), dataset.qrels(args.split)
     rows, runs = [], []
@@ -194,6 +223,7 @@ def main() -> None:
     out = args.output or Path("benchmarks/results") / machine_name() / "cpu-rerank.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
     print(f"wrote {out}")
 
 

@@ -75,10 +75,10 @@ class Settings(BaseSettings):
     rerank_runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto", description="auto = ONNX Runtime on a CPU (same scores, ~1.6x faster), torch fp16 on CUDA"
     )
-    rerank_quantize: Literal["auto", "none", "int8"] = Field(
-        "auto",
-        description="int8 = ONNX Runtime's dynamic int8 reranker; auto = int8 on a CPU (unless --rerank-runtime"
-        " torch), none on CUDA (the README's CPU reranking table has the trade)",
+    rerank_quantize: Literal["none", "int8"] = Field(
+        "none",
+        description="int8 = ONNX Runtime's dynamic int8 reranker: 1.2-1.4x the pairs per second on a CPU for"
+        " 0.001-0.002 dev nDCG@10 (the README's CPU reranking table)",
     )
     rerank_cache_size: int = Field(
         20_000, ge=0, description="(query, document) scores kept for repeated questions; 0 = no cache"
@@ -159,13 +159,6 @@ class Settings(BaseSettings):
         on ONNX Runtime (2 cores), so 10 pairs (the best depth on dev too) keep a query near 0.3 s;
         a GPU scores 100 pairs in milliseconds."""
         return self.rerank_depth or (CUDA_RERANK_DEPTH if device == "cuda" else CPU_RERANK_DEPTH)
-
-    def rerank_quantize_for(self, device: str) -> str:
-        """int8 on a CPU by default: on dev it costs 0.001 nDCG@10 of the served ranking for ~1.4x
-        the pairs per second (README, CPU reranking); a GPU keeps fp16."""
-        if self.rerank_quantize != "auto":
-            return self.rerank_quantize
-        return "int8" if device == "cpu" and self.rerank_runtime != "torch" else "none"
 
     def rerank_length_cap(self, device: str) -> int | None:
         """On a CPU, unless ``max_length`` says otherwise, no more than 96 tokens a pair: every pair

@@ -188,7 +188,7 @@ class HybridEngine:
                 s.max_length,
                 s.rerank_batch_size,
                 s.rerank_runtime,
-                s.rerank_quantize_for(self.device),
+                s.rerank_quantize,
                 cache,
                 s.rerank_length_cap(self.device),
             )

@@ -62,6 +62,8 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["search", "x", "--rrf-k", "-1"], "invalid settings: rrf_k"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
         (["train-reranker", "--mine-depth", "4"], "--mine-depth 4 cannot hold a group of 8"),
+        (["train-reranker", "--distil-weight", "1.5"], "--distil-weight must be between 0 and 1, not 1.5"),
+        (["train-reranker", "--distil-from", "/nonexistent/teacher"], "cannot load reranker '/nonexistent/teacher'"),
         (["--config", "/nonexistent.toml", "search", "x"], "file not found"),
     ],
 )

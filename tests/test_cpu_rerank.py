@@ -46,9 +46,7 @@ def test_distilled_student_has_fewer_layers_and_follows_its_teacher(index_dir, b
     reranker_dir = teacher_dir
     work_index = tmp_path / "idx"
     shutil.copytree(index_dir, work_index)
-    settings = Settings(
-        data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8, rerank_quantize="none"
-    )
+    settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
     options = TrainOptions(
         base=reranker_dir,
         distil_from=reranker_dir,
