@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         " 2 cores); DIR must not be <index-dir>/reranker",
     )
     p.add_argument("--max-length", type=int, help="with --distil-from: the student's tokens per pair (default 96)")
+    p.add_argument(
+        "--distil-steps", type=int, default=300, help="with --distil-from: the student's training steps (default 300)"
+    )
     _device(p)
 
     p = sub.add_parser("search", help="search the index and print a table of hits")

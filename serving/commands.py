@@ -32,7 +32,7 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
 
         card = train(
             settings.model_copy(update={"max_length": settings.max_length or STUDENT_MAX_LENGTH}),
-            student_options(args.distil_from),
+            student_options(args.distil_from, args.distil_steps),
         )
         console.print(
             f"student reranker in {settings.index_dir}/reranker: {card['layers']} layers, dev nDCG@10"

@@ -158,3 +158,17 @@ def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranke
     passage = " ".join(words[i % len(words)] for i in range(2000))  # ~13,000 characters
     pairs = [("coffee and the liver", passage), ("coffee", passage[::-1])]
     assert reranker.logits(pairs) == [float(s) for s in reranker.onnx.logits(pairs)]
+
+
+def test_build_can_distil_the_cpu_student(beir_dir, teacher_dir, tmp_path, capsys):
+    from serving.cli import main
+
+    target = tmp_path / "idx"
+    args = ["build", "--data", str(beir_dir), "--index-dir", str(target), "--device", "cpu"]
+    assert main([*args, "--distil-from", teacher_dir, "--distil-steps", "2", "--max-length", "48"]) == 0
+    card = json.loads((target / "reranker" / CARD_FILE).read_text())
+    assert card["layers"] == 3 and card["steps"] == 2 and card["max_length"] == 48
+    assert card["teacher"]["path"] == teacher_dir and card["teacher"]["layers"] == 6
+    assert "student reranker" in capsys.readouterr().out
+    engine = HybridEngine(Settings(index_dir=target, device="cpu"))
+    assert engine.reranker.model.transformers_model.config.num_hidden_layers == 3
