@@ -90,6 +90,20 @@ def reranker_dir(tmp_path_factory, minilm_path) -> str:
     return str(folder)
 
 
+def short_training(index_dir: Path, beir_dir: Path, tmp_path: Path, **options):
+    """A copy of the tiny index to train into, its settings (64 tokens, depth 8) and the options of a
+    short run (4 queries of 4 documents a step, from each query's top 12), ``options`` on top."""
+    import shutil
+
+    from engine.config import Settings
+    from index_build.train_reranker import TrainOptions
+
+    work = tmp_path / "idx"
+    shutil.copytree(index_dir, work)
+    settings = Settings(data_dir=beir_dir, index_dir=work, device="cpu", max_length=64, rerank_depth=8)
+    return settings, TrainOptions(**{"batch_queries": 4, "group_size": 4, "mine_depth": 12, **options})
+
+
 @pytest.fixture(scope="session")
 def engine(index_dir):
     from engine.config import Settings

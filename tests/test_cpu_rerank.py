@@ -14,6 +14,7 @@ from engine.pair_cache import PairCache
 from engine.pipeline import HybridEngine
 from engine.rerank import Reranker, RerankerError
 from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
+from tests.conftest import short_training
 
 
 def _disagreement(student: Reranker, teacher: Reranker, engine, beir_dir) -> float:
@@ -44,20 +45,17 @@ def teacher_dir(reranker_dir, tmp_path_factory) -> str:
 
 def test_distilled_student_has_fewer_layers_and_follows_its_teacher(index_dir, beir_dir, teacher_dir, tmp_path):
     reranker_dir = teacher_dir
-    work_index = tmp_path / "idx"
-    shutil.copytree(index_dir, work_index)
-    settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
-    options = TrainOptions(
+    settings, options = short_training(
+        index_dir,
+        beir_dir,
+        tmp_path,
         base=reranker_dir,
         distil_from=reranker_dir,
         student_layers=2,
         distil_weight=1.0,
         max_steps=12,
-        batch_queries=4,
-        group_size=4,
         lr=3e-4,
         eval_every=12,
-        mine_depth=12,
         memory_context=0,
     )
     engine = HybridEngine(settings.model_copy(update={"rerank": False}))
@@ -70,10 +68,10 @@ def test_distilled_student_has_fewer_layers_and_follows_its_teacher(index_dir, b
 
     assert card["layers"] == 2 and card["teacher"]["layers"] == 6 and card["teacher"]["path"] == reranker_dir
     assert "distilled" in card["loss"] and card["options"]["distil_from"] == reranker_dir
-    saved = json.loads((work_index / "reranker" / CARD_FILE).read_text())
+    saved = json.loads((settings.index_dir / "reranker" / CARD_FILE).read_text())
     assert (
         saved["layers"] == 2
-        and json.loads((work_index / "reranker" / "config.json").read_text())["num_hidden_layers"] == 2
+        and json.loads((settings.index_dir / "reranker" / "config.json").read_text())["num_hidden_layers"] == 2
     )
     student = HybridEngine(settings.model_copy(update={"max_length": None})).reranker
     assert student.model.transformers_model.config.num_hidden_layers == 2

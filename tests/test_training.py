@@ -7,6 +7,7 @@ from engine.dataset import load_dataset
 from engine.pipeline import HybridEngine
 from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
+from tests.conftest import short_training
 
 
 def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_dir):
@@ -23,19 +24,14 @@ def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_
 
 @pytest.mark.parametrize(("loss", "memory_context"), [("listwise", 5), ("pairwise", 0), ("pointwise", 5)])
 def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm_path, tmp_path, loss, memory_context):
-    import shutil
-
-    work_index = tmp_path / "idx"
-    shutil.copytree(index_dir, work_index)
-    settings = Settings(data_dir=beir_dir, index_dir=work_index, device="cpu", max_length=64, rerank_depth=8)
-    options = TrainOptions(
+    settings, options = short_training(
+        index_dir,
+        beir_dir,
+        tmp_path,
         base=minilm_path,
         max_steps=10,
-        batch_queries=4,
-        group_size=4,
         lr=1e-4,
         eval_every=5,
-        mine_depth=12,
         loss=loss,
         memory_context=memory_context,
     )
@@ -43,7 +39,7 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
     assert card["train_split"] == "train" and card["steps"] == 10 and card["loss"].startswith(loss)
     assert card["loss_last"] < card["loss_first"]
     assert card["best_step"] in (5, 10) and len(card["history"]) == 2
-    saved = json.loads((work_index / "reranker" / CARD_FILE).read_text())
+    saved = json.loads((settings.index_dir / "reranker" / CARD_FILE).read_text())
     assert saved["base_model"] == minilm_path and saved["dev_reranked"]["queries"] == 8
     assert saved["eval_rerank"] == {"depth": 8, "blend": settings.rerank_blend, "quantize": "none", "max_length": 64}
     engine = HybridEngine(settings.model_copy(update={"max_length": None}))  # picks the trained model up by itself
