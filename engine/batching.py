@@ -70,12 +70,20 @@ class RerankBatcher:
     def _score(self, batch: list[_Request]) -> None:
         self.batches += 1
         try:
-            scores = self.reranker.score_pairs([(r.query, p) for r in batch for p in r.passages])
+            scores = score_together(self.reranker, [(r.query, r.passages) for r in batch])
         except Exception as exc:  # every waiting caller learns of the failure
             for request in batch:
                 request.future.set_exception(exc)
             return
-        start = 0
-        for request in batch:
-            request.future.set_result(scores[start : start + len(request.passages)])
-            start += len(request.passages)
+        for request, own in zip(batch, scores, strict=True):
+            request.future.set_result(own)
+
+
+def score_together(reranker: Reranker, requests: list[tuple[str, list[str]]]) -> list[list[float]]:
+    """Several queries' (query, passages) scored in one call; each gets back its own scores."""
+    scores = reranker.score_pairs([(query, p) for query, passages in requests for p in passages])
+    split, start = [], 0
+    for _, passages in requests:
+        split.append(scores[start : start + len(passages)])
+        start += len(passages)
+    return split

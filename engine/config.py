@@ -134,7 +134,37 @@ class Settings(BaseSettings):
         2.0, ge=0, description="longest a request waits for a slot before a fast 503 with Retry-After (0: none)"
     )
 
-    @field_validator("reranker", "public_url", "memory_split", "agent_keys", "llm_url", "llm_api_key", mode="before")
+    # scale-out on Ray (`serve --ray`, `build --ray`)
+    ray_address: str | None = Field(None, description="Ray cluster to join, e.g. 10.0.0.5:6379 (default: start one)")
+    ray_search_replicas: tuple[int, int] = Field(
+        (1, 1), description="search replicas (the doors and retrieval): N, or MIN-MAX to autoscale between"
+    )
+    ray_reranker_replicas: tuple[int, int] = Field((1, 1), description="reranker replicas: N, or MIN-MAX")
+    ray_replica_cpus: float = Field(1.0, gt=0, description="CPUs a search or reranker replica reserves")
+    ray_batch_size: int = Field(8, ge=1, description="queries the reranker deployment scores in one batch")
+    ray_batch_wait_ms: float | None = Field(
+        None, ge=0, description="how long a batch waits to fill (default: --rerank-batch-wait-ms on a GPU, 0 on a CPU)"
+    )
+
+    @field_validator("ray_search_replicas", "ray_reranker_replicas", mode="before")
+    @classmethod
+    def _replica_bounds(cls, value: object) -> object:
+        """``3`` or ``"3"`` -> (3, 3); ``"1-4"`` -> (1, 4): autoscaling bounds."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value, value)
+        elif isinstance(value, str):
+            low, _, high = value.partition("-")
+            try:
+                value = (int(low), int(high or low))
+            except ValueError:
+                raise ValueError(f"expected N or MIN-MAX replicas, e.g. 2 or 1-4, got {value!r}") from None
+        if isinstance(value, tuple | list) and len(value) == 2 and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"replicas must be at least 1 and MIN <= MAX, got {value[0]}-{value[1]}")
+        return value
+
+    @field_validator(
+        "reranker", "public_url", "memory_split", "agent_keys", "llm_url", "llm_api_key", "ray_address", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value in ("", "none") else value

@@ -34,7 +34,7 @@ from engine.lucene import LuceneIndex
 from engine.memory import JudgmentMemory
 from engine.models import load_encoder, pick_device
 from engine.pair_cache import PairCache
-from engine.rerank import Reranker, RerankerError
+from engine.rerank import Reranker, RerankerError, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,34 @@ class StageResult:
         return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
 
 
+def open_reranker(settings: Settings, device: str) -> Reranker | None:
+    """The configured reranker on ``device``, or None (said in the log) when the index has none or
+    it cannot load; a reranker named explicitly (``--reranker``) that cannot load raises."""
+    if not settings.rerank:
+        return None
+    path = settings.reranker_path
+    if settings.reranker is None and not Path(path).is_dir():
+        log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
+        return None
+    s = settings
+    try:
+        return Reranker(
+            path,
+            device,
+            s.max_length,
+            s.rerank_batch_size,
+            s.rerank_runtime,
+            s.rerank_quantize,
+            PairCache(s.rerank_cache_size, s.rerank_cache_s) if s.rerank_cache_size else None,
+            s.rerank_length_cap(device),
+        )
+    except RerankerError as exc:
+        if settings.reranker is not None:
+            raise
+        log.warning("%s; serving fused results", exc)
+        return None
+
+
 class HybridEngine:
     """Loads an index directory once; ``search`` is thread-safe and deterministic.
 
@@ -91,7 +119,8 @@ class HybridEngine:
     writes still in its log, since it could not show them.
     """
 
-    def __init__(self, settings: Settings, writable: bool = False) -> None:
+    def __init__(self, settings: Settings, writable: bool = False, reranker: Scorer | None = None) -> None:
+        """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded."""
         from engine.live import LiveIndex, ViewLock, claim_writer
 
         self.settings = settings
@@ -118,7 +147,7 @@ class HybridEngine:
             self.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
-        self.reranker = self._load_reranker()
+        self.reranker = self._load_reranker(reranker)
         self.reranker_health = FailureCount()
 
     def _check_settled(self, index_dir: Path, dense_seq: int) -> None:
@@ -170,43 +199,25 @@ class HybridEngine:
             log.warning("%s; serving RRF", exc)
             return None
 
-    def _load_reranker(self) -> Reranker | RerankBatcher | None:
-        if not self.settings.rerank:
-            return None
-        path = self.settings.reranker_path
-        if self.settings.reranker is None and not Path(path).is_dir():
-            log.warning(
-                "no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path
-            )
-            return None
-        try:
-            s = self.settings
-            cache = PairCache(s.rerank_cache_size, s.rerank_cache_s) if s.rerank_cache_size else None
-            reranker = Reranker(
-                path,
-                self.device,
-                s.max_length,
-                s.rerank_batch_size,
-                s.rerank_runtime,
-                s.rerank_quantize,
-                cache,
-                s.rerank_length_cap(self.device),
-            )
-        except RerankerError as exc:
-            if self.settings.reranker is not None:
-                raise
-            log.warning("%s; serving fused results", exc)
+    def _load_reranker(self, given: Scorer | None) -> Scorer | None:
+        reranker = given if given is not None else open_reranker(self.settings, self.device)
+        if reranker is None:
             return None
         missing = self.missing_memory_context() if reranker.memory_context else None
         if missing:
-            message = f"{path} reads each document after the training queries that cited it, and {missing}"
+            message = f"{reranker.name} reads each document after the training queries that cited it, and {missing}"
             if self.settings.reranker is not None:
                 raise RerankerError(message)
             log.warning("%s; serving fused results", message)
             return None
-        if self.device == "cuda" and self.settings.rerank_batch_wait_ms > 0:
+        if given is None and self.device == "cuda" and self.settings.rerank_batch_wait_ms > 0:
             return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000)
         return reranker
+
+    @property
+    def rerank_depth(self) -> int:
+        """Fused candidates the reranker rescores: the default follows where the reranker runs."""
+        return self.settings.rerank_depth_for(self.reranker.device) if self.reranker is not None else 0
 
     def missing_memory_context(self) -> str | None:
         """Why this engine cannot give a memory-aware reranker its context, or None when it can."""
@@ -249,7 +260,7 @@ class HybridEngine:
             rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
             found = {"bm25": bm25, "dense": dense, "memory": memory}
             fused = self.fusion.rank(query, found, rrf) if self.fusion is not None else rrf
-            depth = max(s.rerank_depth_for(self.device) if self.reranker is not None else 0, top_k)
+            depth = max(self.rerank_depth, top_k)
             chunks = self.store.chunks(d for d, _ in fused[:depth])
             t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
@@ -284,7 +295,7 @@ class HybridEngine:
         not given) and ``exclude`` pick a memory-aware reranker's context, as for the memory's votes.
         """
         s = self.settings
-        head = ranking[: max(s.rerank_depth_for(self.device), top_k)]
+        head = ranking[: max(self.rerank_depth, top_k)]
         todo = [d for d, _ in head if d not in scores]
         if todo:
             passages = self.rerank_passages(query, todo, self.reranker.memory_context, vector, exclude, chunks)
@@ -323,7 +334,7 @@ class HybridEngine:
             "fusion": f"learned ({self.fusion.describe()})" if self.fusion else "rrf",
             "reranker": r.name if r else None,
             "reranker_runtime": r.runtime if r else None,
-            "rerank_depth": s.rerank_depth_for(self.device) if r else 0,
+            "rerank_depth": self.rerank_depth,
             "rerank_blend": s.rerank_blend if r else None,
             "rerank_max_length": r.max_length if r else None,
             "rerank_memory_context": r.memory_context if r else None,

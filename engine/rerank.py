@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Protocol
 
 from engine.models import resolve_model
 from engine.onnx_runtime import OnnxCrossEncoder
@@ -20,6 +21,19 @@ CHARS_PER_TOKEN = 16
 
 class RerankerError(RuntimeError):
     """The reranker folder or id cannot be loaded."""
+
+
+class Scorer(Protocol):
+    """What the engine needs of a reranker: a :class:`Reranker`, its micro-batcher, or a client of
+    one served elsewhere (a Ray deployment)."""
+
+    name: str
+    device: str
+    runtime: str
+    max_length: int
+    memory_context: int
+
+    def score(self, query: str, passages: list[str]) -> list[float]: ...
 
 
 class Reranker:

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.config import Settings
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
+from serving.asgi import route_path
 from serving.mcp_tool import build_mcp_server
 from serving.protocol_routes import hash_key, load_keys
 from serving.replies import json_http_errors
@@ -71,7 +72,7 @@ class KeyGate:
         self.app, self.hashes = app, hashes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(self.OPEN):
+        if scope["type"] == "http" and not route_path(scope).startswith(self.OPEN):
             header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or hash_key(token.strip()) not in self.hashes:
@@ -82,14 +83,25 @@ class KeyGate:
 
 
 def build_apps(
-    settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None, writable: bool = False
+    settings: Settings,
+    mcp: bool = True,
+    a2a: bool = True,
+    mcp_url: str | None = None,
+    writable: bool = False,
+    service: SearchService | None = None,
 ):
-    """The ASGI apps to serve, with the engine loaded now so no request pays for loading."""
-    service = SearchService(settings, writable=writable) if (mcp or mcp_url is None) else None
+    """The ASGI apps to serve, with the engine loaded now so no request pays for loading.
+
+    ``service``: one built by the caller (a Ray replica's, around an engine whose reranker is a
+    deployment); MCP is then stateless, since any replica may take a session's next request."""
+    stateless = service is not None
+    if service is None and (mcp or mcp_url is None):
+        service = SearchService(settings, writable=writable)
     apps = {}
     if mcp:
         server = build_mcp_server(service)
-        apps["mcp"] = (json_http_errors(server.streamable_http_app(host=settings.host)), settings.mcp_port)
+        mcp_app = server.streamable_http_app(host=settings.host, stateless_http=stateless)
+        apps["mcp"] = (json_http_errors(mcp_app), settings.mcp_port)
     if a2a:
         url = settings.public_url or f"http://{_display_host(settings.host)}:{settings.a2a_port}/"
         search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)

@@ -172,8 +172,13 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.no_mcp and args.no_a2a:
         raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
+    if args.ray and (args.no_mcp or args.no_a2a or args.mcp_url):
+        raise ValueError("--ray serves MCP + REST and A2A on one port; leave out --no-mcp, --no-a2a and --mcp-url")
     if args.build_if_missing and not (Path(settings.index_dir) / MANIFEST_FILE).is_file():
         build(settings, args)
+    if args.ray:
+        _ray_app().run_on_ray(settings)
+        return 0
     run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url, writable=not args.read_only)
     return 0
 
@@ -354,3 +359,14 @@ def _search_settings(settings: Settings, engine) -> dict:
         "rerank",
     )
     return {k: getattr(settings, k) for k in keys} | engine.describe()
+
+
+def _ray_app():
+    """:mod:`serving.ray_app`, or a clear error when the optional Ray extra is not installed."""
+    try:
+        from serving import ray_app
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith("ray"):
+            raise
+        raise RuntimeError("--ray needs Ray: pip install 'hybrid-search[ray]'") from None
+    return ray_app

@@ -16,6 +16,8 @@ from packaging.version import InvalidVersion, Version
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serving.asgi import route_path
+
 PARSE_ERROR, INVALID_REQUEST = -32700, -32600
 MAX_DEPTH = 64
 V03_METHODS = frozenset(
@@ -41,7 +43,7 @@ class JsonRpcGuard:
         self.app, self.rpc_path, self.max_bytes = app, rpc_path, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.rpc_path:
+        if scope["type"] != "http" or scope["method"] != "POST" or route_path(scope) != self.rpc_path:
             await self.app(scope, receive, send)
             return
         body, more = bytearray(), True

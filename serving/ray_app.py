@@ -1,0 +1,160 @@
+"""``hybrid-search serve --ray``: the same doors and answers, on a Ray Serve cluster.
+
+Two deployments behind Serve's HTTP proxy (one port):
+
+- ``SearchReplica``, the ingress: the MCP + REST doors at ``/`` and the A2A agent at ``/a2a/``,
+  each replica with a read-only engine of its own (BM25, dense, judgment memory, fusion: CPU work
+  of ~60-80 ms a query). Retrieval stays beside the doors so that candidates and their texts never
+  cross the wire; the replicas are stateless (MCP runs stateless), so any replica answers any request.
+- ``RerankerReplica``: the cross-encoder, on a GPU when the cluster has one, scoring the queries of
+  every search replica together with ``@serve.batch`` (the cross-request batching that
+  :class:`engine.batching.RerankBatcher` does inside one process).
+
+Index directories are read from the same path on every node (a shared disk). Ray is an optional
+extra (``pip install 'hybrid-search[ray]'``): nothing else imports this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from engine.batching import score_together
+from engine.config import Settings
+from engine.index_dir import read_manifest
+from engine.pipeline import HybridEngine, open_reranker
+from serving.app import RequestLog, build_apps
+from serving.asgi import one_port
+from serving.search_service import SearchService
+
+log = logging.getLogger(__name__)
+APP_NAME = "hybrid-search"
+A2A_PREFIX = "/a2a"
+
+
+@serve.deployment(name="reranker")
+class RerankerReplica:
+    """The index's reranker as a deployment; concurrent queries share one forward pass."""
+
+    def __init__(self, settings: Settings, device: str) -> None:
+        self.reranker = open_reranker(settings, device)
+        if self.reranker is None:
+            raise RuntimeError(f"no reranker could be loaded from {settings.reranker_path}")
+        wait_ms = settings.ray_batch_wait_ms
+        if wait_ms is None:  # waiting pays only where a bigger batch costs little more (a GPU)
+            wait_ms = settings.rerank_batch_wait_ms if device == "cuda" else 0.0
+        self.score.set_max_batch_size(settings.ray_batch_size)
+        self.score.set_batch_wait_timeout_s(wait_ms / 1000)
+
+    def describe(self) -> dict:
+        r = self.reranker
+        return {k: getattr(r, k) for k in ("name", "device", "runtime", "max_length", "memory_context")}
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
+    async def score(self, requests: list[tuple[str, list[str]]]) -> list[list[float]]:
+        """One call per query, ``(query, passages)``; Serve hands them over in batches."""
+        return await asyncio.to_thread(score_together, self.reranker, requests)
+
+
+class RemoteReranker:
+    """The engine's reranker when it is a deployment: the same ``score``, one batched call away."""
+
+    def __init__(self, handle: DeploymentHandle, info: dict, timeout_s: float) -> None:
+        self.handle, self.timeout_s = handle, timeout_s
+        self.name, self.device, self.runtime = info["name"], info["device"], info["runtime"]
+        self.max_length, self.memory_context = info["max_length"], info["memory_context"]
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        if not passages:
+            return []
+        return self.handle.score.remote((query, passages)).result(timeout_s=self.timeout_s)
+
+
+@serve.deployment(name="search")
+@serve.ingress()
+class SearchReplica:
+    """The doors and retrieval; reranking through the reranker deployment when there is one."""
+
+    def __init__(self, settings: Settings, reranker: DeploymentHandle | None) -> None:
+        self.settings = settings
+        # Serve runs constructors on the replica's event loop, where a handle's answer cannot be
+        # waited for; the engine (which asks the reranker what it reads) is built on a thread
+        with ThreadPoolExecutor(1) as pool:
+            self.service = pool.submit(self._service, settings, reranker).result()
+
+    @staticmethod
+    def _service(settings: Settings, reranker: DeploymentHandle | None) -> SearchService:
+        remote = None
+        if reranker is not None:
+            info = reranker.describe.remote().result(timeout_s=settings.query_timeout_s)
+            remote = RemoteReranker(reranker, info, settings.query_timeout_s)
+        return SearchService(settings, HybridEngine(settings, reranker=remote))
+
+    def __serve_build_asgi_app__(self):
+        _, apps = build_apps(self.settings, service=self.service)
+        prefixes = {"mcp": "", "a2a": A2A_PREFIX}
+        return one_port({prefixes[door]: RequestLog(app, door) for door, (app, _) in apps.items()})
+
+    def __del__(self) -> None:
+        service = getattr(self, "service", None)  # absent when the constructor failed
+        if service is not None:
+            service.close()
+            service.engine.close()
+
+
+def _deployment_options(bounds: tuple[int, int], cpus: float, gpus: float = 0.0) -> dict:
+    low, high = bounds
+    scale = (
+        {"num_replicas": low} if low == high else {"autoscaling_config": {"min_replicas": low, "max_replicas": high}}
+    )
+    return {**scale, "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus}}
+
+
+def application(settings: Settings, gpus: float = 0.0):
+    """The Serve application: search replicas, and a reranker deployment when the index has a
+    reranker (on ``gpus`` GPUs a replica)."""
+    search_settings = settings.model_copy(update={"device": "cpu"})
+    has_reranker = settings.rerank and (settings.reranker is not None or Path(settings.reranker_path).is_dir())
+    reranker = None
+    if has_reranker:
+        device = "cuda" if gpus else "cpu"
+        options = _deployment_options(settings.ray_reranker_replicas, settings.ray_replica_cpus, gpus)
+        reranker = RerankerReplica.options(**options).bind(settings, device)
+    options = _deployment_options(settings.ray_search_replicas, settings.ray_replica_cpus)
+    return SearchReplica.options(**options).bind(search_settings, reranker)
+
+
+def run_on_ray(settings: Settings, stop: threading.Event | None = None) -> None:
+    """Start (or join) a Ray cluster, deploy, and serve until Ctrl-C, SIGTERM or ``stop``."""
+    read_manifest(settings.index_dir)  # a missing index fails here, not in every replica
+    ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.mcp_port})
+        gpus = 1.0 if settings.device != "cpu" and ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+        url = f"http://{host}:{settings.mcp_port}"
+        settings = settings.model_copy(update={"public_url": settings.public_url or f"{url}{A2A_PREFIX}/"})
+        serve.run(application(settings, gpus), name=APP_NAME, route_prefix="/")
+        log.info(
+            "on Ray: MCP + REST at %s/, the A2A agent at %s%s/ (reranker on %s)",
+            url,
+            url,
+            A2A_PREFIX,
+            "GPU" if gpus else "CPU",
+        )
+        stop = stop or threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
