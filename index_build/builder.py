@@ -35,8 +35,13 @@ log = logging.getLogger(__name__)
 _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers", "torch", "transformers")
 
 
-def build_index(settings: Settings, dataset: Dataset | None = None, progress: bool = True) -> Manifest:
+def build_index(
+    settings: Settings, dataset: Dataset | None = None, progress: bool = True, on_ray: bool = False
+) -> Manifest:
     """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
+
+    ``on_ray``: the corpus is encoded across a Ray cluster (``settings.ray_address``); the index is
+    the same.
 
     With training judgments, the learned fusion is trained on the new index before the swap. A
     reranker trained into an earlier index of the same corpus is carried over.
@@ -51,7 +56,13 @@ def build_index(settings: Settings, dataset: Dataset | None = None, progress: bo
         _build_bm25(tmp / BM25_DIR, docs, progress)
         device = pick_device(settings.device)
         encoder = load_encoder(settings.encoder, device)
-        vectors = encode(encoder, [d.contents for d in docs], settings.encode_batch_size, progress)
+        texts = [d.contents for d in docs]
+        if on_ray:
+            from index_build.ray_encode import encode_on_ray
+
+            vectors = encode_on_ray(settings, texts)
+        else:
+            vectors = encode(encoder, texts, settings.encode_batch_size, progress)
         import faiss
 
         faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))

@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--distil-steps", type=int, default=300, help="with --distil-from: the student's training steps (default 300)"
     )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="encode the corpus across a Ray cluster's workers (GPUs when present); the same index as a local build",
+    )
+    p.add_argument("--address", dest="ray_address", help="with --ray: the cluster to join (default: a local one)")
     _device(p)
 
     p = sub.add_parser("search", help="search the index and print a table of hits")

@@ -21,7 +21,9 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     from index_build.builder import build_index
 
     started = time.perf_counter()
-    manifest = build_index(settings)
+    if args.ray:
+        _ray_app()  # Ray installed, or a clear error before any work
+    manifest = build_index(settings, on_ray=args.ray)
     fusion = "learned fusion" if (Path(settings.index_dir) / FUSION_DIR).is_dir() else "RRF only"
     console.print(
         f"built [bold]{settings.index_dir}[/]: {manifest.documents} documents, encoder {manifest.encoder}"

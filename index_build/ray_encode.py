@@ -1,0 +1,65 @@
+"""``build --ray``: the corpus encoded by a Ray cluster's workers with Ray Data, GPUs when present.
+
+The texts are cut into the batches that :func:`engine.dense.encode` cuts (longest first), and each
+batch is one item of the dataset, so a worker pads and encodes exactly what a local build would:
+the index written is the local build's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from engine.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class _Encoder:
+    """A Ray Data actor: the sentence encoder loaded once, one batch of texts per call."""
+
+    def __init__(self, name: str, device: str, batch_size: int) -> None:
+        from engine.models import load_encoder
+
+        self.model, self.batch_size = load_encoder(name, device), batch_size
+
+    def __call__(self, batch: dict) -> dict:
+        rows, texts = batch["rows"][0], list(batch["texts"][0])
+        vectors = self.model.encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return {"row": np.asarray(rows, dtype=np.int64), "vector": vectors.astype(np.float32)}
+
+
+def encode_on_ray(settings: Settings, texts: list[str]) -> np.ndarray:
+    """Normalised float32 embeddings of ``texts``, computed across the cluster at ``settings.ray_address``
+    (a local one when unset): one encoder a GPU, or one a CPU where the cluster has no GPU."""
+    import ray
+
+    if not texts:
+        raise ValueError("no texts to encode")
+    ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0)) if settings.device != "cpu" else 0
+    workers = gpus or max(1, int(resources.get("CPU", 1)))
+    size = settings.encode_batch_size
+    order = np.argsort([-len(text) for text in texts])
+    items = [
+        {"rows": order[start : start + size].tolist(), "texts": [texts[i] for i in order[start : start + size]]}
+        for start in range(0, len(texts), size)
+    ]
+    log.info("encoding %d texts on Ray: %d %s workers", len(texts), workers, "GPU" if gpus else "CPU")
+    encoded = ray.data.from_items(items).map_batches(
+        _Encoder,
+        fn_constructor_args=(settings.encoder, "cuda" if gpus else "cpu", size),
+        batch_size=1,
+        concurrency=workers,
+        num_gpus=1 if gpus else 0,
+        num_cpus=1,
+    )
+    parts = list(encoded.iter_batches(batch_size=None, batch_format="numpy"))
+    vectors = np.zeros((len(texts), parts[0]["vector"].shape[1]), dtype=np.float32)
+    for part in parts:
+        vectors[part["row"]] = part["vector"]
+    return vectors
