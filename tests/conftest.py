@@ -136,6 +136,21 @@ def a2a_v1_send(url: str, parts) -> object:
     return asyncio.run(run())
 
 
+def only_doc_ids(task) -> list[str]:
+    """The doc ids of an A2A task that completed with exactly one data part and no text anywhere."""
+    from a2a.types.a2a_pb2 import TaskState
+    from google.protobuf.json_format import MessageToDict
+
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert not task.status.HasField("message") or not task.status.message.parts
+    assert len(task.artifacts) == 1 and len(task.artifacts[0].parts) == 1
+    part = task.artifacts[0].parts[0]
+    assert part.HasField("data") and not part.text
+    data = MessageToDict(part.data)
+    assert set(data) == {"doc_ids"}
+    return data["doc_ids"]
+
+
 @pytest.fixture(scope="module")
 def server(index_dir, tmp_path_factory):
     mcp_port, a2a_port = free_port(), free_port()

@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.conftest import ROOT, a2a_v1_send, free_port, start_server, stop_server
+from tests.conftest import ROOT, a2a_v1_send, free_port, only_doc_ids, start_server, stop_server
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
 
@@ -142,20 +142,6 @@ def test_agent_card_at_well_known_path_and_root(server):
         assert card["name"] and card["description"] and card["version"]
 
 
-def _only_doc_ids(task) -> list[str]:
-    from a2a.types.a2a_pb2 import TaskState
-    from google.protobuf.json_format import MessageToDict
-
-    assert task.status.state == TaskState.TASK_STATE_COMPLETED
-    assert not task.status.HasField("message") or not task.status.message.parts
-    assert len(task.artifacts) == 1 and len(task.artifacts[0].parts) == 1
-    part = task.artifacts[0].parts[0]
-    assert part.HasField("data") and not part.text
-    data = MessageToDict(part.data)
-    assert set(data) == {"doc_ids"}
-    return data["doc_ids"]
-
-
 def test_a2a_v1_client_text_and_data_parts(server):
     from a2a.helpers.proto_helpers import new_data_part
     from a2a.types.a2a_pb2 import Part
@@ -163,14 +149,14 @@ def test_a2a_v1_client_text_and_data_parts(server):
     task = a2a_v1_send(
         server["a2a"], [Part(text=json.dumps({"query": "broccoli sulforaphane markerbroccoli3", "top_k": 4}))]
     )
-    ids = _only_doc_ids(task)
+    ids = only_doc_ids(task)
     assert len(ids) == 4 and len(set(ids)) == 4 and "D-broccoli-3" in ids
-    ids = _only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
+    ids = only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part({"query": "arsenic in rice"})]))
     assert len(ids) == 5 and ids[0].startswith("D-arsenic")
-    plain = _only_doc_ids(a2a_v1_send(server["a2a"], [Part(text="Hello, is arsenic in rice a problem?")]))
+    plain = only_doc_ids(a2a_v1_send(server["a2a"], [Part(text="Hello, is arsenic in rice a problem?")]))
     assert len(plain) == 5 and plain[0].startswith("D-arsenic")  # plain text is the question itself
     narrowed = {"query": "arsenic in rice", "top_k": 5, "filters": {"document_ids": ["D-soy-1", "D-meat-2"]}}
-    assert sorted(_only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
+    assert sorted(only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
 
 
 @pytest.mark.parametrize(
@@ -253,8 +239,8 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
         from a2a.types.a2a_pb2 import Part
 
         payload = json.dumps({"query": "blueberries and memory", "top_k": 4})
-        relayed = _only_doc_ids(a2a_v1_send(f"http://127.0.0.1:{port}", [Part(text=payload)]))
-        direct = _only_doc_ids(a2a_v1_send(server["a2a"], [Part(text=payload)]))
+        relayed = only_doc_ids(a2a_v1_send(f"http://127.0.0.1:{port}", [Part(text=payload)]))
+        direct = only_doc_ids(a2a_v1_send(server["a2a"], [Part(text=payload)]))
         assert relayed == direct and len(relayed) == 4
     finally:
         assert stop_server(proc) == 0

@@ -1,0 +1,111 @@
+"""``serve --ray`` and ``build --ray`` on a real local Ray cluster: the same answers through every
+door as the single process, and the same index as a local build."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, a2a_v1_send, free_port, only_doc_ids, start_server, stop_server
+
+pytest.importorskip("ray", reason="the optional Ray extra is not installed (pip install -e '.[ray]')")
+
+QUERIES = ["arsenic in rice", "soy and breast cancer", "broccoli sulforaphane", "red meat"]
+
+
+@pytest.fixture(scope="module")
+def ray_server(index_dir, reranker_dir, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("ray-logs") / "serve.log"
+    args = ["serve", "--ray", "--index-dir", str(index_dir), "--mcp-port", str(port), "--device", "cpu"]
+    args += ["--reranker", reranker_dir, "--search-replicas", "2", "--replica-cpus", "0.5"]
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", log)
+    yield {"url": f"http://127.0.0.1:{port}", "log": log}
+    assert stop_server(proc) == 0, "SIGTERM must take the deployment down cleanly"
+
+
+def _rest(url: str, query: str, top_k: int = 5) -> list[dict]:
+    reply = httpx.post(url + "/search", json={"query": query, "top_k": top_k}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["results"]
+
+
+def test_ray_ranks_like_the_single_process(ray_server, index_dir, reranker_dir):
+    from engine.config import Settings
+    from engine.pipeline import HybridEngine
+
+    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir))
+    for query in QUERIES:
+        local = engine.search(query, 5)
+        served = _rest(ray_server["url"], query)
+        assert [h["doc_id"] for h in served] == [h.doc_id for h in local], query
+        assert [h["score"] for h in served] == pytest.approx([h.score for h in local], abs=1e-4)
+        assert all(h.rerank_score is not None for h in local)  # so the deployment's scores are in the served ones
+
+
+def test_ray_health_names_the_reranker_deployment(ray_server, reranker_dir):
+    health = httpx.get(ray_server["url"] + "/health").json()
+    assert health["reranker"] == reranker_dir and health["reranker_runtime"] == "onnx"
+    assert health["writable"] is False and health["rerank_depth"] == 20 and health["status"] == "ok"
+
+
+def test_ray_mcp_and_a2a_doors_answer_the_same(ray_server):
+    from a2a.helpers.proto_helpers import new_data_part
+    from mcp import Client
+
+    url = ray_server["url"]
+    expected = [h["doc_id"] for h in _rest(url, "arsenic in rice")]
+
+    async def mcp_ids() -> list[list[str]]:
+        async with Client(url + "/mcp") as client:  # stateless: each call may reach another replica
+            calls = [await client.call_tool("search_nfcorpus", {"query": "arsenic in rice"}) for _ in range(3)]
+        return [[r["doc_id"] for r in c.structured_content["results"]] for c in calls]
+
+    assert asyncio.run(mcp_ids()) == [expected] * 3
+    card = httpx.get(url + "/a2a/.well-known/agent-card.json").json()
+    assert card["supportedInterfaces"][0]["url"] == url + "/a2a/"
+    task = a2a_v1_send(url + "/a2a/", [new_data_part({"query": "arsenic in rice"})])
+    assert only_doc_ids(task) == expected
+
+
+def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
+    import faiss
+
+    target = tmp_path / "on-ray"
+    run = subprocess.run(
+        [sys.executable, "-m", "serving.cli", "build", "--ray", "--data", str(beir_dir), "--index-dir", str(target)]
+        + ["--device", "cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    timings = {"build_seconds", "built_at"}
+    local, on_ray = (json.loads((d / "manifest.json").read_text()) for d in (index_dir, target))
+    assert {k: v for k, v in local.items() if k not in timings} == {k: v for k, v in on_ray.items() if k not in timings}
+    vectors = [faiss.read_index(str(d / "dense.faiss")) for d in (index_dir, target)]
+    assert np.array_equal(*(np.vstack([ix.reconstruct(i) for i in range(ix.ntotal)]) for ix in vectors))
+    shutil.rmtree(target)
+
+
+@pytest.mark.parametrize("command", ["serve", "build"])
+def test_without_ray_installed_the_cli_says_how_to_get_it(index_dir, command):
+    code = (
+        "import sys; sys.modules['ray'] = None; from serving.cli import main;"
+        f" sys.exit(main([{command!r}, '--ray', '--index-dir', {str(index_dir)!r}, '--device', 'cpu']))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "pip install 'hybrid-search[ray]'" in run.stderr, run.stderr[-2000:]
+
+
+def test_default_serving_never_imports_ray():
+    code = "import sys, serving.cli, serving.commands, serving.app; sys.exit('ray' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0
