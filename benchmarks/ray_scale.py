@@ -207,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    settings = Settings(index_dir=args.index_dir, device="cpu")
+    # no pair cache: the same queries come back between parts and would be answered from it
+    settings = Settings(index_dir=args.index_dir, device="cpu", rerank_cache_size=0)
     queries = list(load_dataset(args.data).split_queries("dev").values())
     report: dict = {"machine": machine(), "ray_cpus": args.cpus, "seconds": args.seconds}
     if "hop" not in skip:  # the single process first, alone on the machine
         port, log = free_port(), Path("/tmp/ray-scale-serve.log")
-        proc = start_server(serve_args(args.index_dir, port, "--read-only"), f"http://127.0.0.1:{port}/health", log)
+        proc = start_server(serve_args(args.index_dir, port, "--read-only", "--rerank-cache-size", "0"), f"http://127.0.0.1:{port}/health", log)
         url = f"http://127.0.0.1:{port}"
         report["hop"] = {"single_process": one_client(url, queries[: args.hop_queries])}
         report["single_process"] = [_summary(closed_loop(url, queries, c, args.seconds)) for c in (4, 8)]

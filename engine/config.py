@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     refresh_interval_s: float = Field(
         1.0, gt=0, le=3600, description="longest an acknowledged write waits before searches see it"
     )
+    checkpoint_bytes: int = Field(
+        64 << 20, ge=0, description="write-ahead log bytes that trigger a checkpoint (0: after every refresh)"
+    )
     chunk_words: int = Field(200, ge=16, le=4000, description="words a chunk holds when `ingest` splits a file")
     chunk_overlap_words: int = Field(40, ge=0, description="words two neighbouring chunks share (whole sentences)")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body the HTTP doors accept")

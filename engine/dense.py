@@ -132,9 +132,7 @@ class DenseRetriever:
     def bind(self, units: dict[int, str]) -> None:
         """Name the rows (the document store's map); refuses an index whose rows are not the store's,
         which would answer with the wrong documents or none."""
-        import faiss
-
-        ids = np.sort(faiss.vector_to_array(self._index.id_map))
+        ids = np.sort(self.row_ids())
         rows = np.sort(np.fromiter(units, dtype=np.int64, count=len(units)))
         if not np.array_equal(ids, rows):
             strays = len(np.setdiff1d(ids, rows)) + len(np.setdiff1d(rows, ids))
@@ -179,6 +177,12 @@ class DenseRetriever:
         self._index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(rows, dtype=np.int64))
         self.units.update(zip(rows, unit_ids, strict=True))
         self.rows.update(zip(unit_ids, rows, strict=True))
+
+    def row_ids(self) -> np.ndarray:
+        """The rows (store ids) the index holds vectors for."""
+        import faiss
+
+        return faiss.vector_to_array(self._index.id_map)
 
     def remove(self, rows: list[int]) -> None:
         import faiss

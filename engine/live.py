@@ -31,6 +31,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +42,23 @@ from engine.wal import WriteAheadLog, fsync_dir
 log = logging.getLogger(__name__)
 LOCK_FILE = "writer.lock"
 STORES = ("store", "dense", "lucene")
+
+
+class Writer(Protocol):
+    """What the doors ask of an index's writer: :class:`LiveIndex`, or a client of one in another
+    process (a Ray deployment)."""
+
+    refresh_error: str | None
+
+    def upsert(self, document: DocumentIn, wait: bool = False) -> dict: ...
+
+    def delete(self, document_id: str, wait: bool = False) -> dict: ...
+
+    def document(self, document_id: str) -> dict | None: ...
+
+    def status(self) -> dict: ...
+
+    def close(self) -> None: ...
 
 
 class DocumentNotFound(KeyError):

@@ -180,8 +180,10 @@ class LuceneIndex:
         return docs
 
     def refresh(self) -> None:
-        """Make every change so far searchable (near-real-time: no commit, no fsync)."""
-        newer = self.j.DirectoryReader.openIfChanged(self._reader, self._writer)
+        """Make every change so far searchable (near-real-time: no commit, no fsync); read-only, the
+        newest commit (another process's writer)."""
+        reader = self.j.DirectoryReader
+        newer = reader.openIfChanged(self._reader, self._writer) if self._writer else reader.openIfChanged(self._reader)
         if newer is not None:
             with self._lock:
                 old, self._reader, self._searcher = self._reader, newer, self._new_searcher(newer)

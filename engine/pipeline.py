@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from engine.memory import JudgmentMemory
 from engine.models import load_encoder, pick_device
 from engine.pair_cache import PairCache
 from engine.rerank import Reranker, RerankerError, Scorer
+
+if TYPE_CHECKING:
+    from engine.live import LiveIndex, Writer
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +123,13 @@ class HybridEngine:
     writes still in its log, since it could not show them.
     """
 
-    def __init__(self, settings: Settings, writable: bool = False, reranker: Scorer | None = None) -> None:
-        """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded."""
+    def __init__(
+        self, settings: Settings, writable: bool = False, reranker: Scorer | None = None, follow: Writer | None = None
+    ) -> None:
+        """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
+        ``follow``: the index's writer in another process; this read-only engine takes its writes
+        there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
+        from engine.follower import Follower
         from engine.live import LiveIndex, ViewLock, claim_writer
 
         self.settings = settings
@@ -139,9 +148,12 @@ class HybridEngine:
                 " writes; rebuild with --dense-index flat, or rebuild after changing the corpus"
             )
         self.view_lock = ViewLock()
-        self.live = None
+        self.live: LiveIndex | Writer | None = None
+        self.follower: Follower | None = None
         if writable:
-            self.live = LiveIndex(self, writer_lock, settings.refresh_interval_s)
+            self.live = LiveIndex(self, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes)
+        elif follow is not None:
+            self.live, self.follower = follow, Follower(self)
         else:
             self._check_settled(index_dir, dense_seq)
             self.bind_units()
@@ -241,6 +253,8 @@ class HybridEngine:
         """
         s = self.settings
         seconds: dict[str, float] = {}
+        if self.follower is not None:
+            self.follower.catch_up()
         with self.view_lock.reading():
             t0 = time.perf_counter()
             allowed = self.store.matching(filters) if filters is not None and not filters.empty else None
@@ -262,6 +276,8 @@ class HybridEngine:
             fused = self.fusion.rank(query, found, rrf) if self.fusion is not None else rrf
             depth = max(self.rerank_depth, top_k)
             chunks = self.store.chunks(d for d, _ in fused[:depth])
+            if self.follower is not None:  # the shared store may have dropped what this view still holds
+                fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
             t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}

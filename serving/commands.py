@@ -179,7 +179,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.build_if_missing and not (Path(settings.index_dir) / MANIFEST_FILE).is_file():
         build(settings, args)
     if args.ray:
-        _ray_app().run_on_ray(settings)
+        _ray_app().run_on_ray(settings, writable=not args.read_only)
         return 0
     run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url, writable=not args.read_only)
     return 0

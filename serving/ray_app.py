@@ -1,6 +1,6 @@
 """``hybrid-search serve --ray``: the same doors and answers, on a Ray Serve cluster.
 
-Two deployments behind Serve's HTTP proxy (one port):
+Deployments behind Serve's HTTP proxy (one port):
 
 - ``SearchReplica``, the ingress: the MCP + REST doors at ``/`` and the A2A agent at ``/a2a/``,
   each replica with a read-only engine of its own (BM25, dense, judgment memory, fusion: CPU work
@@ -8,7 +8,11 @@ Two deployments behind Serve's HTTP proxy (one port):
   cross the wire; the replicas are stateless (MCP runs stateless), so any replica answers any request.
 - ``RerankerReplica``: the cross-encoder, on a GPU when the cluster has one, scoring the queries of
   every search replica together with ``@serve.batch`` (the cross-request batching that
-  :class:`engine.batching.RerankBatcher` does inside one process).
+  :class:`engine.batching.RerankBatcher` does inside one process);
+- ``WriterReplica`` (unless ``--read-only``): the index's one writer. The doors send it every
+  write; it checkpoints after each refresh, and each search replica shows the newest checkpoint
+  before it searches (:mod:`engine.follower`): a write is visible on every replica within the
+  refresh interval, and at once when it was sent with ``wait``.
 
 Index directories are read from the same path on every node (a shared disk). Ray is an optional
 extra (``pip install 'hybrid-search[ray]'``): nothing else imports this module.
@@ -25,10 +29,12 @@ from pathlib import Path
 
 import ray
 from ray import serve
+from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle
 
 from engine.batching import score_together
 from engine.config import Settings
+from engine.documents import DocumentIn
 from engine.index_dir import read_manifest
 from engine.pipeline import HybridEngine, open_reranker
 from serving.app import RequestLog, build_apps
@@ -64,6 +70,62 @@ class RerankerReplica:
         return await asyncio.to_thread(score_together, self.reranker, requests)
 
 
+@serve.deployment(name="writer", num_replicas=1)
+class WriterReplica:
+    """The index's one writer: takes every replica's writes and checkpoints after each refresh that
+    applied some, which is what the search replicas follow (:mod:`engine.follower`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.engine = HybridEngine(settings.model_copy(update={"rerank": False, "checkpoint_bytes": 0}), writable=True)
+
+    def upsert(self, document: dict, wait: bool) -> dict:
+        return self.engine.live.upsert(DocumentIn.model_validate(document), wait)
+
+    def delete(self, document_id: str, wait: bool) -> dict:
+        return self.engine.live.delete(document_id, wait)
+
+    def document(self, document_id: str) -> dict | None:
+        return self.engine.live.document(document_id)
+
+    def status(self) -> dict:
+        return self.engine.live.status()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()  # a checkpoint: the next writer replays nothing
+
+
+class RemoteWriter:
+    """The writer deployment as the engine's ``live``: the same calls, its errors as raised there."""
+
+    refresh_error = None  # the writer's own health says when its refreshes fail
+
+    def __init__(self, handle: DeploymentHandle, timeout_s: float) -> None:
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def _call(self, method: str, *args):
+        try:
+            return getattr(self.handle, method).remote(*args).result(timeout_s=self.timeout_s)
+        except RayTaskError as exc:  # DocumentNotFound, StorageFull...: the doors phrase them
+            raise exc.cause from None
+
+    def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
+        return self._call("upsert", document.model_dump(mode="json"), wait)
+
+    def delete(self, document_id: str, wait: bool = False) -> dict:
+        return self._call("delete", document_id, wait)
+
+    def document(self, document_id: str) -> dict | None:
+        return self._call("document", document_id)
+
+    def status(self) -> dict:
+        return {"writer": "the Ray deployment 'writer' (one replica)"}
+
+    def close(self) -> None:
+        """The writer deployment closes itself."""
+
+
 class RemoteReranker:
     """The engine's reranker when it is a deployment: the same ``score``, one batched call away."""
 
@@ -83,20 +145,21 @@ class RemoteReranker:
 class SearchReplica:
     """The doors and retrieval; reranking through the reranker deployment when there is one."""
 
-    def __init__(self, settings: Settings, reranker: DeploymentHandle | None) -> None:
+    def __init__(self, settings: Settings, reranker: DeploymentHandle | None, writer: DeploymentHandle | None) -> None:
         self.settings = settings
         # Serve runs constructors on the replica's event loop, where a handle's answer cannot be
         # waited for; the engine (which asks the reranker what it reads) is built on a thread
         with ThreadPoolExecutor(1) as pool:
-            self.service = pool.submit(self._service, settings, reranker).result()
+            self.service = pool.submit(self._service, settings, reranker, writer).result()
 
     @staticmethod
-    def _service(settings: Settings, reranker: DeploymentHandle | None) -> SearchService:
+    def _service(settings: Settings, reranker: DeploymentHandle | None, writer: DeploymentHandle | None):
+        timeout = settings.query_timeout_s
         remote = None
         if reranker is not None:
-            info = reranker.describe.remote().result(timeout_s=settings.query_timeout_s)
-            remote = RemoteReranker(reranker, info, settings.query_timeout_s)
-        return SearchService(settings, HybridEngine(settings, reranker=remote))
+            remote = RemoteReranker(reranker, reranker.describe.remote().result(timeout_s=timeout), timeout)
+        follow = RemoteWriter(writer, timeout) if writer is not None else None
+        return SearchService(settings, HybridEngine(settings, reranker=remote, follow=follow))
 
     def __serve_build_asgi_app__(self):
         _, apps = build_apps(self.settings, service=self.service)
@@ -118,9 +181,9 @@ def _deployment_options(bounds: tuple[int, int], cpus: float, gpus: float = 0.0)
     return {**scale, "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus}}
 
 
-def application(settings: Settings, gpus: float = 0.0):
-    """The Serve application: search replicas, and a reranker deployment when the index has a
-    reranker (on ``gpus`` GPUs a replica)."""
+def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
+    """The Serve application: search replicas, a reranker deployment when the index has a reranker
+    (on ``gpus`` GPUs a replica), and the one writer unless read-only."""
     search_settings = settings.model_copy(update={"device": "cpu"})
     has_reranker = settings.rerank and (settings.reranker is not None or Path(settings.reranker_path).is_dir())
     reranker = None
@@ -128,11 +191,12 @@ def application(settings: Settings, gpus: float = 0.0):
         device = "cuda" if gpus else "cpu"
         options = _deployment_options(settings.ray_reranker_replicas, settings.ray_replica_cpus, gpus)
         reranker = RerankerReplica.options(**options).bind(settings, device)
+    writer = WriterReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings) if writable else None
     options = _deployment_options(settings.ray_search_replicas, settings.ray_replica_cpus)
-    return SearchReplica.options(**options).bind(search_settings, reranker)
+    return SearchReplica.options(**options).bind(search_settings, reranker, writer)
 
 
-def run_on_ray(settings: Settings, stop: threading.Event | None = None) -> None:
+def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event | None = None) -> None:
     """Start (or join) a Ray cluster, deploy, and serve until Ctrl-C, SIGTERM or ``stop``."""
     read_manifest(settings.index_dir)  # a missing index fails here, not in every replica
     ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False)
@@ -142,7 +206,7 @@ def run_on_ray(settings: Settings, stop: threading.Event | None = None) -> None:
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         url = f"http://{host}:{settings.mcp_port}"
         settings = settings.model_copy(update={"public_url": settings.public_url or f"{url}{A2A_PREFIX}/"})
-        serve.run(application(settings, gpus), name=APP_NAME, route_prefix="/")
+        serve.run(application(settings, gpus, writable), name=APP_NAME, route_prefix="/")
         log.info(
             "on Ray: MCP + REST at %s/, the A2A agent at %s%s/ (reranker on %s)",
             url,

@@ -206,6 +206,7 @@ class SearchService:
             "documents": engine.store.count(),
             "writable": engine.live is not None,
             **({"live": engine.live.status()} if engine.live is not None else {}),
+            **({"follower": engine.follower.status()} if engine.follower is not None else {}),
             "device": engine.device,
             "encoder": engine.manifest.encoder,
             **engine.describe(),

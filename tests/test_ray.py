@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -23,8 +24,10 @@ QUERIES = ["arsenic in rice", "soy and breast cancer", "broccoli sulforaphane", 
 @pytest.fixture(scope="module")
 def ray_server(index_dir, reranker_dir, tmp_path_factory):
     port = free_port()
-    log = tmp_path_factory.mktemp("ray-logs") / "serve.log"
-    args = ["serve", "--ray", "--index-dir", str(index_dir), "--mcp-port", str(port), "--device", "cpu"]
+    work = tmp_path_factory.mktemp("ray")
+    log, index = work / "serve.log", work / "index"
+    shutil.copytree(index_dir, index)  # the writer deployment changes it
+    args = ["serve", "--ray", "--index-dir", str(index), "--mcp-port", str(port), "--device", "cpu"]
     args += ["--reranker", reranker_dir, "--search-replicas", "2", "--replica-cpus", "0.5"]
     proc = start_server(args, f"http://127.0.0.1:{port}/health", log)
     yield {"url": f"http://127.0.0.1:{port}", "log": log}
@@ -53,7 +56,8 @@ def test_ray_ranks_like_the_single_process(ray_server, index_dir, reranker_dir):
 def test_ray_health_names_the_reranker_deployment(ray_server, reranker_dir):
     health = httpx.get(ray_server["url"] + "/health").json()
     assert health["reranker"] == reranker_dir and health["reranker_runtime"] == "onnx"
-    assert health["writable"] is False and health["rerank_depth"] == 20 and health["status"] == "ok"
+    assert health["writable"] is True and health["rerank_depth"] == 20 and health["status"] == "ok"
+    assert health["follower"]["checkpoint"] == 0  # the built index, no write yet
 
 
 def test_ray_mcp_and_a2a_doors_answer_the_same(ray_server):
@@ -73,6 +77,36 @@ def test_ray_mcp_and_a2a_doors_answer_the_same(ray_server):
     assert card["supportedInterfaces"][0]["url"] == url + "/a2a/"
     task = a2a_v1_send(url + "/a2a/", [new_data_part({"query": "arsenic in rice"})])
     assert only_doc_ids(task) == expected
+
+
+def _doc(doc_id: str, text: str) -> dict:
+    return {"document_id": doc_id, "chunks": [{"chunk_id": "c1", "content": text}]}
+
+
+def _everywhere(url: str, query: str, tries: int = 8) -> set[bool]:
+    """Whether each of several searches (spread over the replicas) ranked the live document written
+    with ``query`` as its text first."""
+    return {_rest(url, query, 1)[0]["text"] == query for _ in range(tries)}
+
+
+def test_ray_live_writes_are_seen_by_every_replica(ray_server):
+    url = ray_server["url"]
+    created = httpx.post(f"{url}/documents?refresh=wait_for", json=_doc("live-1", "quokka marsupial diet"), timeout=60)
+    assert created.status_code == 201, created.text
+    assert _everywhere(url, "quokka marsupial diet") == {True}  # acknowledged after wait_for: on every replica
+    assert httpx.get(f"{url}/documents/live-1").json()["chunks"][0]["content"] == "quokka marsupial diet"
+
+    httpx.post(f"{url}/documents", json=_doc("live-2", "wombat burrow soil"), timeout=60).raise_for_status()
+    deadline = time.time() + 30  # no wait: searchable within the writer's refresh interval (1 s)
+    while _everywhere(url, "wombat burrow soil") != {True} and time.time() < deadline:
+        time.sleep(0.2)
+    assert _everywhere(url, "wombat burrow soil") == {True}
+
+    assert httpx.delete(f"{url}/documents/live-1?refresh=wait_for", timeout=60).json()["deleted_chunks"] == 1
+    assert _everywhere(url, "quokka marsupial diet") == {False}
+    missing = httpx.delete(f"{url}/documents/live-1", timeout=60)
+    assert missing.status_code == 404 and "live-1" in missing.json()["error"], missing.text
+    assert httpx.get(f"{url}/health").json()["follower"]["checkpoint"] >= 3
 
 
 def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
