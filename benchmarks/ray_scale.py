@@ -13,13 +13,19 @@ Four measurements, one JSON (``benchmarks/results/<machine>/ray-scale.json``):
 - ``replicas``: queries/s and latency at 1, 4 and 8 closed-loop clients for several search and
   reranker replica counts (Ray gives a replica as many threads as the CPUs it reserves);
 - ``kill``: clients keep searching while one search replica and then one reranker replica are
-  killed (``ray.kill``): failed requests, and seconds until Serve has every replica running again.
+  killed (``ray.kill``): failed requests, and seconds until Serve has every replica running again;
+- ``visible``: on a copy of the index, seconds from a write's acknowledgement until searches on
+  both search replicas find it, with ``?refresh=wait_for`` and without.
+
+The deployments are ``serve --ray``'s, the writer deployment included (idle but for ``visible``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -143,14 +149,41 @@ def same_answers(url: str, settings: Settings, queries: list[str]) -> dict:
 
 
 def one_client(url: str, queries: list[str]) -> dict:
-    latencies = []
+    """p50/p95 of searches one after another, and of ``/health`` (the door alone, no engine work)."""
+    timings: dict[str, list[float]] = {"search": [], "health": []}
     with httpx.Client(timeout=60) as http:
         http.post(url + SEARCH, json={"query": queries[0], "top_k": 10})  # warm the connection
         for query in queries:
-            started = time.perf_counter()
-            http.post(url + SEARCH, json={"query": query, "top_k": 10}).raise_for_status()
-            latencies.append(time.perf_counter() - started)
-    return {k: round(v, 1) for k, v in percentiles(latencies).items()}
+            for part, send in (
+                ("search", lambda q=query: http.post(url + SEARCH, json={"query": q, "top_k": 10})),
+                ("health", lambda: http.get(url + "/health")),
+            ):
+                started = time.perf_counter()
+                send().raise_for_status()
+                timings[part].append(time.perf_counter() - started)
+    return {part: {k: round(v, 1) for k, v in percentiles(t).items()} for part, t in timings.items()}
+
+
+def write_visibility(url: str, writes: int = 20, replicas: int = 2) -> dict:
+    """Seconds from a write's acknowledgement until searches on every replica find it: ``wait``
+    writes (answered once applied and checkpointed) and plain ones (applied at the next refresh).
+    A write counts as seen once ``4 * replicas`` searches in a row ranked it first."""
+    found: dict[str, list[float]] = {"wait_for": [], "no_wait": []}
+    with httpx.Client(timeout=60) as http:
+        for n in range(writes):
+            for mode in found:
+                text = f"zyzzogeton{n}{mode.replace('_', '')} lorem ipsum"
+                document = {"document_id": f"visibility-{mode}-{n}", "chunks": [{"chunk_id": "c", "content": text}]}
+                refresh = "?refresh=wait_for" if mode == "wait_for" else ""
+                http.post(f"{url}/documents{refresh}", json=document).raise_for_status()
+                acked, streak = time.perf_counter(), 0
+                while streak < 4 * replicas:
+                    hits = http.post(url + "/search", json={"query": text, "top_k": 1}).json()["results"]
+                    streak = streak + 1 if hits and hits[0]["text"] == text else 0
+                    if time.perf_counter() - acked > 60:
+                        raise RuntimeError(f"{document['document_id']} not visible after 60 s")
+                found[mode].append(time.perf_counter() - acked)
+    return {mode: {k: round(v, 1) for k, v in percentiles(t).items()} for mode, t in found.items()}
 
 
 def killed_under_load(ray: RayDeployment, queries: list[str], clients: int, seconds: float) -> dict:
@@ -203,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30, help="seconds of load per measurement (default 30)")
     parser.add_argument("--hop-queries", type=int, default=60, help="one-client queries per side (default 60)")
     parser.add_argument("--same-queries", type=int, default=None, help="dev queries to compare (default all)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: same,hop,replicas,kill")
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: hop,same,replicas,kill,visible")
     parser.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -213,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"machine": machine(), "ray_cpus": args.cpus, "seconds": args.seconds}
     if "hop" not in skip:  # the single process first, alone on the machine
         port, log = free_port(), Path("/tmp/ray-scale-serve.log")
-        proc = start_server(serve_args(args.index_dir, port, "--read-only", "--rerank-cache-size", "0"), f"http://127.0.0.1:{port}/health", log)
+        served = serve_args(args.index_dir, port, "--read-only", "--rerank-cache-size", "0")
+        proc = start_server(served, f"http://127.0.0.1:{port}/health", log)
         url = f"http://127.0.0.1:{port}"
         report["hop"] = {"single_process": one_client(url, queries[: args.hop_queries])}
         report["single_process"] = [_summary(closed_loop(url, queries, c, args.seconds)) for c in (4, 8)]
@@ -240,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             ray.deploy(2, 2, 1.0)
             report["kill"] = killed_under_load(ray, queries, 4, max(args.seconds * 2, 60))
             print(json.dumps({k: v for k, v in report["kill"].items() if k != "per_second_ok_failed"}), flush=True)
+        if "visible" not in skip:  # on a copy: the writer deployment changes the index
+            copy = Path(tempfile.mkdtemp(prefix="ray-scale-")) / "index"
+            shutil.copytree(args.index_dir, copy)
+            ray.settings = ray.settings.model_copy(update={"index_dir": copy})
+            ray.deploy(2, 1, 1.0)
+            report["visible"] = write_visibility(ray.url)
+            print(json.dumps(report["visible"]), flush=True)
     finally:
         ray.close()
     out = (args.output or Path("benchmarks/results") / machine_name()) / "ray-scale.json"
