@@ -133,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="encode the corpus across a Ray cluster's workers (GPUs when present); the same index as a local build",
     )
-    p.add_argument("--address", dest="ray_address", help="with --ray: the cluster to join (default: a local one)")
+    p.add_argument(
+        "--address", dest="ray_address", metavar="HOST:PORT", help="with --ray: the cluster to join (default: local)"
+    )
     _device(p)
 
     p = sub.add_parser("search", help="search the index and print a table of hits")
@@ -296,17 +298,27 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group(
         "scale-out on Ray (pip install 'hybrid-search[ray]')",
         "One port (--mcp-port): MCP + REST at /, the A2A agent at /a2a/. Search replicas (doors and"
-        " retrieval, read-only) and a reranker deployment (a GPU each when the cluster has GPUs) that"
-        " batches queries across replicas. The index directory must be at the same path on every node.",
+        " retrieval), a reranker deployment (a GPU each when the cluster has GPUs) that batches queries"
+        " across replicas, and one writer the replicas follow (none with --read-only). The index"
+        " directory must be at the same path on every node. Example: serve --ray --search-replicas 2-8",
     )
     g.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead of in this process")
-    g.add_argument("--address", dest="ray_address", help="Ray cluster to join (default: start a local one)")
-    g.add_argument("--search-replicas", dest="ray_search_replicas", help="N, or MIN-MAX to autoscale (default 1)")
-    g.add_argument("--reranker-replicas", dest="ray_reranker_replicas", help="N, or MIN-MAX (default 1)")
-    g.add_argument("--replica-cpus", dest="ray_replica_cpus", type=float, help="CPUs each replica reserves (1)")
-    g.add_argument("--ray-batch-size", type=int, help="queries the reranker deployment scores together (8)")
     g.add_argument(
-        "--ray-batch-wait-ms", type=float, help="ms a reranker batch waits to fill (default: 3 on a GPU, 0 on a CPU)"
+        "--address", dest="ray_address", metavar="HOST:PORT", help="Ray cluster to join (default: start a local one)"
+    )
+    g.add_argument(
+        "--search-replicas", dest="ray_search_replicas", metavar="N", help="N, or MIN-MAX to autoscale (default 1)"
+    )
+    g.add_argument("--reranker-replicas", dest="ray_reranker_replicas", metavar="N", help="N, or MIN-MAX (default 1)")
+    g.add_argument(
+        "--replica-cpus", dest="ray_replica_cpus", metavar="CPUS", type=float, help="CPUs (threads) a replica gets (1)"
+    )
+    g.add_argument("--ray-batch-size", metavar="N", type=int, help="queries scored in one reranker batch (8)")
+    g.add_argument(
+        "--ray-batch-wait-ms",
+        metavar="MS",
+        type=float,
+        help="ms a reranker batch waits to fill (default: 3 on a GPU, 0 on a CPU)",
     )
 
     p = sub.add_parser(

@@ -196,13 +196,32 @@ def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
     return SearchReplica.options(**options).bind(search_settings, reranker, writer)
 
 
+def _check_fits(settings: Settings, resources: dict, gpus: float, local: bool) -> None:
+    """Refuse, before deploying, what the cluster cannot place (Serve would wait for it forever):
+    on a local cluster the CPUs; on any cluster the GPUs the reranker replicas ask for."""
+    cpus = settings.ray_replica_cpus * (settings.ray_search_replicas[0] + settings.ray_reranker_replicas[0])
+    if local and cpus > resources.get("CPU", 0):
+        raise RuntimeError(
+            f"{settings.ray_search_replicas[0]} search + {settings.ray_reranker_replicas[0]} reranker replicas of"
+            f" {settings.ray_replica_cpus:g} CPUs need {cpus:g} CPUs; this machine's Ray cluster has"
+            f" {resources.get('CPU', 0):g}: lower --replica-cpus or the replicas, or join a cluster (--address)"
+        )
+    if gpus and gpus * settings.ray_reranker_replicas[0] > resources.get("GPU", 0):
+        raise RuntimeError(
+            f"{settings.ray_reranker_replicas[0]} reranker replicas want a GPU each; the cluster has"
+            f" {resources.get('GPU', 0):g}: lower --reranker-replicas"
+        )
+
+
 def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event | None = None) -> None:
     """Start (or join) a Ray cluster, deploy, and serve until Ctrl-C, SIGTERM or ``stop``."""
     read_manifest(settings.index_dir)  # a missing index fails here, not in every replica
     ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": settings.host, "port": settings.mcp_port})
-        gpus = 1.0 if settings.device != "cpu" and ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        resources = ray.cluster_resources()
+        gpus = 1.0 if settings.device != "cpu" and resources.get("GPU", 0) >= 1 else 0.0
+        _check_fits(settings, resources, gpus, local=settings.ray_address is None)
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         url = f"http://{host}:{settings.mcp_port}"
         settings = settings.model_copy(update={"public_url": settings.public_url or f"{url}{A2A_PREFIX}/"})

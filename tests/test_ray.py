@@ -130,6 +130,18 @@ def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
     shutil.rmtree(target)
 
 
+def test_more_replicas_than_the_local_cluster_can_place_is_refused(index_dir):
+    run = subprocess.run(
+        [sys.executable, "-m", "serving.cli", "serve", "--ray", "--index-dir", str(index_dir), "--device", "cpu"]
+        + ["--search-replicas", "4", "--mcp-port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "need 5 CPUs" in run.stderr and "--replica-cpus" in run.stderr, run.stderr[-2000:]
+
+
 @pytest.mark.parametrize("command", ["serve", "build"])
 def test_without_ray_installed_the_cli_says_how_to_get_it(index_dir, command):
     code = (
