@@ -1,8 +1,8 @@
 """Serving on Ray against the single process, on a local Ray cluster.
 
-    python -m benchmarks.ray_scale [--index-dir indexes/nfcorpus] [--cpus 2] [--seconds 30]
+    python -m benchmarks.ray_scale [--index-dir indexes/nfcorpus] [--cpus 4] [--seconds 30] [--skip PARTS]
 
-Four measurements, one JSON (``benchmarks/results/<machine>/ray-scale.json``):
+Six measurements, one JSON (``benchmarks/results/<machine>/ray-scale.json``):
 
 - ``same``: every dev query through the Ray deployment's REST door against the in-process engine
   with the same settings: rankings that match exactly, and the largest score difference;
@@ -15,7 +15,9 @@ Four measurements, one JSON (``benchmarks/results/<machine>/ray-scale.json``):
 - ``kill``: clients keep searching while one search replica and then one reranker replica are
   killed (``ray.kill``): failed requests, and seconds until Serve has every replica running again;
 - ``visible``: on a copy of the index, seconds from a write's acknowledgement until searches on
-  both search replicas find it, with ``?refresh=wait_for`` and without.
+  both search replicas find it, with ``?refresh=wait_for`` and without;
+- ``writer``: on that copy, the writer replica killed while clients send documents: acknowledged
+  writes lost, writes refused while it restarts, and how long that took.
 
 The deployments are ``serve --ray``'s, the writer deployment included (idle but for ``visible``).
 """
@@ -190,6 +192,62 @@ def write_visibility(url: str, writes: int = 20, replicas: int = 2) -> dict:
     return {mode: {k: round(v, 1) for k, v in percentiles(t).items()} for mode, t in found.items()}
 
 
+def writer_killed(ray: RayDeployment, seconds: float = 30, clients: int = 2) -> dict:
+    """Clients send documents (no wait) while the writer replica is killed a third of the way in;
+    once Serve runs a writer again, every acknowledged document is read back: acknowledged writes
+    lost (must be 0), writes refused meanwhile (503 + Retry-After), and the outage's length."""
+    acked: list[str] = []
+    refused = other = 0
+    lock = threading.Lock()
+    stop = time.perf_counter() + seconds
+
+    def client(n: int) -> None:
+        nonlocal refused, other
+        with httpx.Client(timeout=60) as http:
+            i = 0
+            while time.perf_counter() < stop:
+                doc_id, i = f"durable-{n}-{i}", i + 1
+                body = {"document_id": doc_id, "chunks": [{"chunk_id": "c", "content": f"durability probe {doc_id}"}]}
+                try:
+                    status = http.post(f"{ray.url}/documents", json=body).status_code
+                except httpx.HTTPError:
+                    status = 0
+                with lock:
+                    if status in (200, 201):
+                        acked.append(doc_id)
+                    elif status == 503:
+                        refused += 1
+                    else:
+                        other += 1
+                if status == 503:
+                    time.sleep(0.5)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds / 3)
+    ray.kill_one("writer")
+    killed = time.perf_counter()
+    while ray.replicas_running().get("writer", 0) >= 1 and time.perf_counter() - killed < 15:
+        time.sleep(0.1)
+    while ray.replicas_running().get("writer", 0) < 1 and time.perf_counter() - killed < 180:
+        time.sleep(0.1)
+    back = time.perf_counter() - killed
+    for thread in threads:
+        thread.join()
+    with httpx.Client(timeout=60) as http:
+        lost = [d for d in acked if http.get(f"{ray.url}/documents/{d}").status_code != 200]
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        "acknowledged": len(acked),
+        "acknowledged_then_lost": len(lost),
+        "refused_while_restarting": refused,
+        "other_failures": other,
+        "writer_running_again_after_s": round(back, 1),
+    }
+
+
 def killed_under_load(ray: RayDeployment, queries: list[str], clients: int, seconds: float) -> dict:
     """Kill one search replica at a quarter of the run and one reranker replica at its half."""
     events: dict = {}
@@ -240,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30, help="seconds of load per measurement (default 30)")
     parser.add_argument("--hop-queries", type=int, default=60, help="one-client queries per side (default 60)")
     parser.add_argument("--same-queries", type=int, default=None, help="dev queries to compare (default all)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: hop,same,replicas,kill,visible")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to leave out: hop,same,replicas,kill,visible,writer"
+    )
     parser.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -278,13 +338,18 @@ def main(argv: list[str] | None = None) -> int:
             ray.deploy(2, 2, 1.0)
             report["kill"] = killed_under_load(ray, queries, 4, max(args.seconds * 2, 60))
             print(json.dumps({k: v for k, v in report["kill"].items() if k != "per_second_ok_failed"}), flush=True)
-        if "visible" not in skip:  # on a copy: the writer deployment changes the index
+        if {"visible", "writer"} - skip:  # on a copy: the writer deployment changes the index
             copy = Path(tempfile.mkdtemp(prefix="ray-scale-")) / "index"
             shutil.copytree(args.index_dir, copy)
             ray.settings = ray.settings.model_copy(update={"index_dir": copy})
             ray.deploy(2, 1, 1.0)
-            report["visible"] = write_visibility(ray.url)
-            print(json.dumps(report["visible"]), flush=True)
+            if "visible" not in skip:
+                report["visible"] = write_visibility(ray.url)
+                print(json.dumps(report["visible"]), flush=True)
+            if "writer" not in skip:
+                report["writer_killed"] = writer_killed(ray)
+                print(json.dumps(report["writer_killed"]), flush=True)
+            shutil.rmtree(copy.parent, ignore_errors=True)
     finally:
         ray.close()
     out = (args.output or Path("benchmarks/results") / machine_name()) / "ray-scale.json"

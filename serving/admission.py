@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Overloaded(RuntimeError):
-    """Every slot stayed busy for the whole queue time; ``retry_after_s`` says when to come back."""
+    """Every slot stayed busy for the whole queue time, or a part the request needs is restarting;
+    ``retry_after_s`` says when to come back (a 503 with Retry-After)."""
 
-    def __init__(self, queued_s: float, retry_after_s: int) -> None:
-        super().__init__(f"server busy: no capacity within {queued_s:g} s; retry after {retry_after_s} s")
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(f"{message}; retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -58,7 +59,7 @@ class Admission:
                 raise TimeoutError
         except TimeoutError:
             self.refused.labels(door).inc()
-            raise Overloaded(self.max_queue_s, self.retry_after()) from None
+            raise Overloaded(f"server busy: no capacity within {self.max_queue_s:g} s", self.retry_after()) from None
         finally:
             self._queue -= 1
             self.waiting.dec()

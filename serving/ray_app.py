@@ -29,7 +29,7 @@ from pathlib import Path
 
 import ray
 from ray import serve
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
 from engine.batching import score_together
@@ -37,6 +37,7 @@ from engine.config import Settings
 from engine.documents import DocumentIn
 from engine.index_dir import read_manifest
 from engine.pipeline import HybridEngine, open_reranker
+from serving.admission import Overloaded
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
 from serving.search_service import SearchService
@@ -109,6 +110,10 @@ class RemoteWriter:
             return getattr(self.handle, method).remote(*args).result(timeout_s=self.timeout_s)
         except RayTaskError as exc:  # DocumentNotFound, StorageFull...: the doors phrase them
             raise exc.cause from None
+        except RayError as exc:  # the writer replica died; Serve is starting another
+            log.warning("the writer deployment failed a call (%s)", type(exc).__name__)
+            message = "the index's writer is restarting; send it again (a document sent twice is kept once)"
+            raise Overloaded(message, 5) from None
 
     def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
         return self._call("upsert", document.model_dump(mode="json"), wait)
