@@ -195,8 +195,10 @@ def write_visibility(url: str, writes: int = 20, replicas: int = 2) -> dict:
 def writer_killed(ray: RayDeployment, seconds: float = 30, clients: int = 2) -> dict:
     """Clients send documents (no wait) while the writer replica is killed a third of the way in;
     once Serve runs a writer again, every acknowledged document is read back: acknowledged writes
-    lost (must be 0), writes refused meanwhile (503 + Retry-After), and the outage's length."""
+    lost (must be 0), writes refused meanwhile (503 + Retry-After), how long acknowledgements took
+    (Serve holds a call while no writer runs), and the outage's length."""
     acked: list[str] = []
+    acked_s: list[float] = []
     refused = other = 0
     lock = threading.Lock()
     stop = time.perf_counter() + seconds
@@ -208,6 +210,7 @@ def writer_killed(ray: RayDeployment, seconds: float = 30, clients: int = 2) -> 
             while time.perf_counter() < stop:
                 doc_id, i = f"durable-{n}-{i}", i + 1
                 body = {"document_id": doc_id, "chunks": [{"chunk_id": "c", "content": f"durability probe {doc_id}"}]}
+                sent = time.perf_counter()
                 try:
                     status = http.post(f"{ray.url}/documents", json=body).status_code
                 except httpx.HTTPError:
@@ -215,6 +218,7 @@ def writer_killed(ray: RayDeployment, seconds: float = 30, clients: int = 2) -> 
                 with lock:
                     if status in (200, 201):
                         acked.append(doc_id)
+                        acked_s.append(time.perf_counter() - sent)
                     elif status == 503:
                         refused += 1
                     else:
@@ -244,6 +248,8 @@ def writer_killed(ray: RayDeployment, seconds: float = 30, clients: int = 2) -> 
         "acknowledged_then_lost": len(lost),
         "refused_while_restarting": refused,
         "other_failures": other,
+        "acknowledgement_ms": {k: round(v, 1) for k, v in percentiles(acked_s).items()}
+        | {"max": round(max(acked_s) * 1000, 1)},
         "writer_running_again_after_s": round(back, 1),
     }
 
