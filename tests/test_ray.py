@@ -109,6 +109,30 @@ def test_ray_live_writes_are_seen_by_every_replica(ray_server):
     assert httpx.get(f"{url}/health").json()["follower"]["checkpoint"] >= 3
 
 
+def test_ray_acknowledged_write_survives_the_writer_replica_dying(ray_server):
+    """A write acknowledged without waiting, then the writer replica killed: Serve starts another,
+    which replays the log, and the document is there (read back, then searchable on every replica)."""
+    import ray
+
+    from serving.ray_app import APP_NAME
+
+    url = ray_server["url"]
+    httpx.post(f"{url}/documents", json=_doc("durable-1", "axolotl gill regeneration"), timeout=60).raise_for_status()
+    ray.init(address="auto", namespace="serve", logging_level="ERROR")
+    try:
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        writer = next(n for n in names if n.startswith(f"SERVE_REPLICA::{APP_NAME}#writer#"))
+        ray.kill(ray.get_actor(writer, namespace="serve"), no_restart=True)
+    finally:
+        ray.shutdown()
+    read = httpx.get(f"{url}/documents/durable-1", timeout=120)  # held by Serve until a writer runs again
+    assert read.status_code == 200 and read.json()["chunks"][0]["content"] == "axolotl gill regeneration", read.text
+    deadline = time.time() + 60
+    while _everywhere(url, "axolotl gill regeneration") != {True} and time.time() < deadline:
+        time.sleep(0.5)
+    assert _everywhere(url, "axolotl gill regeneration") == {True}
+
+
 def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
     import faiss
 
