@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from engine.batching import RerankBatcher
 from engine.config import Settings
@@ -195,6 +196,10 @@ class HybridEngine:
     def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:
         if not self.settings.memory or not (index_dir / MEMORY_DIR).is_dir():
             return None
+        # numpy's BLAS products here are a query's (the memory's votes: ~1 MFLOP), as fast on one
+        # thread; on all cores, BLAS's threads spin after each and slowed the reranker run next to
+        # them by ~50 ms on 2 cores (docs/experiments.md). Process-wide: the engine owns the process.
+        threadpool_limits(1, user_api="blas")
         return JudgmentMemory(index_dir / MEMORY_DIR, self.settings.memory_neighbors)
 
     def _load_fusion(self, folder: Path) -> LearnedFusion | None:

@@ -170,3 +170,12 @@ def test_build_can_distil_the_cpu_student(beir_dir, teacher_dir, tmp_path, capsy
     assert "student reranker" in capsys.readouterr().out
     engine = HybridEngine(Settings(index_dir=target, device="cpu"))
     assert engine.reranker.model.transformers_model.config.num_hidden_layers == 3
+
+
+def test_the_engine_runs_numpy_blas_on_one_thread(index_dir):
+    """BLAS threads left spinning after the memory's per-query product slowed the reranker run next."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(2, user_api="blas")
+    HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False)).close()
+    assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
