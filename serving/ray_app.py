@@ -110,9 +110,9 @@ class RemoteWriter:
             return getattr(self.handle, method).remote(*args).result(timeout_s=self.timeout_s)
         except RayTaskError as exc:  # DocumentNotFound, StorageFull...: the doors phrase them
             raise exc.cause from None
-        except RayError as exc:  # the writer replica died; Serve is starting another
+        except RayError as exc:  # the writer replica died (Serve starts another) or outlasted the timeout
             log.warning("the writer deployment failed a call (%s)", type(exc).__name__)
-            message = "the index's writer is restarting; send it again (a document sent twice is kept once)"
+            message = "the index's writer is restarting or busy; send it again (a document sent twice is kept once)"
             raise Overloaded(message, 5) from None
 
     def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
