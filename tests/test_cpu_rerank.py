@@ -179,3 +179,60 @@ def test_the_engine_runs_numpy_blas_on_one_thread(index_dir):
     threadpool_limits(2, user_api="blas")
     HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False)).close()
     assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
+
+
+def test_pairs_tokenize_as_the_hugging_face_tokenizer_reading_less(reranker_dir):
+    from transformers import AutoTokenizer
+
+    from engine.pair_tokens import PairTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reranker_dir)
+    sentence = "Caffeine intake was associated with lower liver enzyme levels in the cohort. "
+    passages = [
+        "short",
+        sentence * 3,  # about the window: may be cut, then read again in full
+        sentence * 200,  # long: the first cut fills the window
+        "a, b. c; d: " * 300,  # 1-2 characters a token: the first cut comes up short
+        "x" * 3000,  # no space to cut at
+        "Ünïcödé résumé naïve café " * 80,
+        "",
+    ]
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    for query in ("coffee and the liver", "does a very long question about coffee and liver enzymes matter"):
+        pairs = [(query, p) for p in passages]
+        ours = PairTokenizer(tokenizer, 48, names)(pairs)
+        theirs = tokenizer(
+            [q for q, _ in pairs],
+            [p for _, p in pairs],
+            padding=True,
+            truncation="only_second",
+            max_length=48,
+            return_tensors="np",
+        )
+        for name in names:
+            assert np.array_equal(ours[name], theirs[name]), name
+
+
+def test_a_question_longer_than_the_window_is_still_reranked(index_dir, reranker_dir):
+    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, max_length=32))
+    question = " ".join(["does drinking coffee every day change liver enzyme levels"] * 20)
+    result = engine.stages(question, top_k=3)
+    assert result.reranked is not None and len(result.rerank_scores) == engine.rerank_depth
+    assert engine.reranker_health.failures == 0
+
+
+def test_the_trace_writes_attention_out_and_a_trace_by_an_older_recipe_is_redone(reranker_dir, tmp_path):
+    import onnx
+
+    from engine.onnx_runtime import TRACE, TRACE_KEY
+
+    folder = tmp_path / "reranker"
+    shutil.copytree(reranker_dir, folder)
+    traced = Reranker(str(folder), "cpu", max_length=32).onnx.path
+    model = onnx.load(str(traced))
+    assert {p.key: p.value for p in model.metadata_props} == {TRACE_KEY: TRACE}
+    assert "IsNaN" not in {node.op_type for node in model.graph.node}  # SDPA guards each layer's scores with it
+    del model.metadata_props[:]
+    onnx.save(model, str(traced))  # as a trace made before recipes were recorded
+    assert Reranker(str(folder), "cpu", max_length=32).onnx.path == traced
+    assert {p.key: p.value for p in onnx.load(str(traced)).metadata_props} == {TRACE_KEY: TRACE}
