@@ -101,6 +101,12 @@ class DocStore:
             found.update((c.unit_id, c) for c in map(_chunk, self._conn().execute(query, part)))
         return found
 
+    def sample(self, n: int) -> list[Chunk]:
+        """About ``n`` chunks spread evenly over the store, the same ones each time."""
+        step = max(1, self.count() // max(n, 1))
+        query = _CHUNK_SELECT + " WHERE c.row % ? = 0 ORDER BY c.row LIMIT ?"
+        return [_chunk(record) for record in self._conn().execute(query, (step, n))]
+
     def document(self, document_id: str) -> dict | None:
         """A document as it was sent (chunks in order), or None."""
         conn = self._conn()

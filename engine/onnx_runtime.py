@@ -3,8 +3,8 @@
 The model is traced once into ``model.onnx`` (dynamic batch and length) beside its weights, or in
 the user's cache when that folder is read-only, and re-traced when the weights are newer or the
 trace was made by an older recipe (``TRACE`` in the file's metadata). With
-``quantize="int8"`` the trace is quantized once more into ``model-int8.onnx``: int8 weights per output
-channel, activations quantized per batch at run time (dynamic quantization, no calibration set).
+``quantize="int8"`` the trace is quantized once more into ``model-int8.onnx`` (engine/int8.py), smoothed
+on pairs from ``calibration`` when the caller has text to give (the engine: its index's documents).
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import hashlib
 import logging
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from engine.int8 import SMOOTHED, quantize_int8, recipe
 from engine.pair_tokens import PairTokenizer
+
+Pairs = Sequence[tuple[str, str]]
 
 log = logging.getLogger(__name__)
 ONNX_DIR = "onnx"
@@ -77,21 +81,18 @@ def export_onnx(model, tokenizer, path: Path) -> None:
     log.info("reranker traced to ONNX: %s", path)
 
 
-def quantize_int8(traced: Path, path: Path) -> None:
-    """Dynamic int8 quantization of a traced model, per output channel (per tensor loses more rank
-    agreement with fp32 on a CPU without VNNI, where ONNX Runtime multiplies u8 x s8 in 16 bits)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    partial = path.with_suffix(".partial")
-    quantize_dynamic(str(traced), str(partial), weight_type=QuantType.QInt8, per_channel=True)
-    partial.replace(path)
-    log.info("reranker quantized to int8: %s", path)
-
-
 class OnnxCrossEncoder:
     """``logits`` like ``CrossEncoder.predict`` without the activation (length-sorted batches)."""
 
-    def __init__(self, cross_encoder, source: str, device: str, max_length: int, quantize: str = "none") -> None:
+    def __init__(
+        self,
+        cross_encoder,
+        source: str,
+        device: str,
+        max_length: int,
+        quantize: str = "none",
+        calibration: Callable[[], Pairs] | None = None,
+    ) -> None:
         import onnxruntime as ort
         import torch
 
@@ -99,10 +100,13 @@ class OnnxCrossEncoder:
         weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
         if not path.is_file() or path.stat().st_mtime < max(weights, default=0) or _trace(path) != TRACE:
             export_onnx(cross_encoder.transformers_model, cross_encoder.tokenizer, path)
+        self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
         if quantize == "int8":
             traced, path = path, path.with_name(INT8_FILE)
-            if not path.is_file() or path.stat().st_mtime < traced.stat().st_mtime:
-                quantize_int8(traced, path)
+            stale = not path.is_file() or path.stat().st_mtime < traced.stat().st_mtime
+            if stale or (calibration is not None and recipe(path) != SMOOTHED):
+                pairs = list(calibration()) if calibration is not None else []
+                quantize_int8(traced, path, [self.tokenize(pairs[i : i + 32]) for i in range(0, len(pairs), 32)])
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         providers = ["CPUExecutionProvider"]
@@ -111,7 +115,7 @@ class OnnxCrossEncoder:
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         if device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
             log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): reranking on the CPU")
-        self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length, [i.name for i in self.session.get_inputs()])
+        self.inputs = [i.name for i in self.session.get_inputs()]
         self.max_length = max_length
         self.path = path
 
@@ -120,8 +124,8 @@ class OnnxCrossEncoder:
         logits = np.empty(len(pairs), dtype=np.float32)
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            feed = self.tokenize([pairs[i] for i in rows])
-            logits[rows] = self.session.run(None, feed)[0][:, 0]
+            features = self.tokenize([pairs[i] for i in rows])
+            logits[rows] = self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]
         return logits
 
 

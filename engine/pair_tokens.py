@@ -16,7 +16,7 @@ FIRST_CUT = 6
 
 
 class PairTokenizer:
-    """``input_ids``, ``attention_mask`` and ``token_type_ids`` (those the model takes) of pairs, as
+    """``input_ids``, ``attention_mask`` and ``token_type_ids`` of pairs, as
     the Hugging Face tokenizer gives them with ``truncation="only_second"`` at ``max_length``.
 
     Cutting a passage just before a space keeps the tokens of the words before it (the tokenizers
@@ -26,7 +26,7 @@ class PairTokenizer:
     the fast tokenizer's pipeline: thread-safe, and the caller's tokenizer keeps its own settings.
     """
 
-    def __init__(self, tokenizer, max_length: int, names: list[str]) -> None:
+    def __init__(self, tokenizer, max_length: int) -> None:
         from tokenizers import Tokenizer
 
         pipeline = tokenizer.backend_tokenizer.to_str()
@@ -36,7 +36,6 @@ class PairTokenizer:
             backend.enable_truncation(max_length, strategy=strategy)
         self.max_length = max_length
         self.pad_id: int = tokenizer.pad_token_id or 0
-        self.names = names
 
     def __call__(self, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
         first = [(query, _cut(passage, self.max_length * FIRST_CUT)) for query, passage in pairs]
@@ -60,7 +59,7 @@ class PairTokenizer:
             arrays["input_ids"][row, :n] = encoding.ids
             arrays["attention_mask"][row, :n] = 1
             arrays["token_type_ids"][row, :n] = encoding.type_ids
-        return {name: arrays[name] for name in self.names}
+        return arrays
 
     def _encode(self, pairs: list[tuple[str, str]]) -> list:
         try:

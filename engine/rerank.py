@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from engine.models import resolve_model
-from engine.onnx_runtime import OnnxCrossEncoder
+from engine.onnx_runtime import OnnxCrossEncoder, Pairs
 from engine.pair_cache import PairCache
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,9 @@ class Reranker:
 
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
     ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
-    Runtime's dynamic int8 model (needs ONNX Runtime). ``cache``: scores of pairs seen lately.
-    ``length_cap``: at most this many tokens a pair, whatever the model was trained with.
+    Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on the pairs ``calibration`` gives
+    when it has to be made. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
+    many tokens a pair, whatever the model was trained with.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Reranker:
         quantize: str = "none",
         cache: PairCache | None = None,
         length_cap: int | None = None,
+        calibration: Callable[[], Pairs] | None = None,
     ) -> None:
         from sentence_transformers import CrossEncoder
 
@@ -77,7 +80,7 @@ class Reranker:
         self.onnx: OnnxCrossEncoder | None = None
         if wanted == "onnx":
             try:
-                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize)
+                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize, calibration)
             except Exception as exc:  # tracing or the runtime failed: say so, and why
                 if runtime == "onnx" or quantize != "none":
                     raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc

@@ -35,7 +35,7 @@ from engine.dataset import Dataset, load_dataset
 from engine.evaluation import evaluate_run, served_stage, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
-from engine.pipeline import HybridEngine
+from engine.pipeline import HybridEngine, int8_calibration
 from engine.progress import track
 from engine.rerank import CARD_FILE, Reranker
 from index_build.negatives import mine_candidates
@@ -343,6 +343,7 @@ def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, q
         settings.rerank_runtime,
         settings.rerank_quantize,
         length_cap=settings.rerank_length_cap(engine.device),
+        calibration=int8_calibration(settings.index_dir),
     )
     try:
         stage = served_stage(engine)
