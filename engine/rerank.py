@@ -54,7 +54,7 @@ class Reranker:
         max_length: int | None = None,
         batch_size: int = 32,
         runtime: str = "auto",
-        quantize: str = "none",
+        quantize: str = "auto",
         cache: PairCache | None = None,
         length_cap: int | None = None,
         calibration: Callable[[], Pairs] | None = None,
@@ -64,6 +64,9 @@ class Reranker:
         source = resolve_model(name)
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             raise RerankerError(f"{name}: not a model folder (no config.json)")
+        card = _read_card(Path(source) / CARD_FILE)
+        if quantize == "auto":  # a CPU student says how it is served on a CPU; anything else runs as trained
+            quantize = card["cpu_quantize"] if device == "cpu" and runtime in ("auto", "onnx") else "none"
         wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
         if quantize != "none" and wanted != "onnx":
             raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
@@ -93,7 +96,7 @@ class Reranker:
         self.name = name
         self.device = device
         self.batch_size = batch_size
-        self.memory_context: int = _memory_context(Path(source) / CARD_FILE)
+        self.memory_context: int = card["memory_context"]
 
     def score(self, query: str, passages: list[str]) -> list[float]:
         """One relevance score per passage, in the order given."""
@@ -146,14 +149,21 @@ class Reranker:
                 self.device = "cpu"
 
 
-def _memory_context(card: Path) -> int:
-    """How many citing training queries the model reads before each document (0: plain documents)."""
+def _read_card(card: Path) -> dict:
+    """What serving reads of a model card: ``memory_context``, how many citing training queries the
+    model reads before each document (0: plain documents), and ``cpu_quantize``, how it is served on
+    a CPU unless told otherwise (``int8`` for a distilled CPU student). A model without a card: 0, none."""
+    fields = {"memory_context": 0, "cpu_quantize": "none"}
     if not card.is_file():
-        return 0
+        return fields
     try:
-        context = json.loads(card.read_text()).get("memory_context", 0)
-    except (ValueError, AttributeError) as exc:
+        written = json.loads(card.read_text())
+        fields |= {key: written[key] for key in fields if key in written}
+    except (ValueError, TypeError) as exc:
         raise RerankerError(f"{card}: not a model card ({exc})") from exc
+    context = fields["memory_context"]
     if not isinstance(context, int) or context < 0:
         raise RerankerError(f"{card}: memory_context must be a whole number >= 0, not {context!r}")
-    return context
+    if fields["cpu_quantize"] not in ("none", "int8"):
+        raise RerankerError(f"{card}: cpu_quantize must be none or int8, not {fields['cpu_quantize']!r}")
+    return fields

@@ -101,7 +101,13 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     started = time.perf_counter()
     device = pick_device(settings.device)
     teacher = (  # loaded first: a wrong folder fails before minutes of mining
-        Reranker(options.distil_from, device, batch_size=settings.rerank_batch_size, runtime=settings.rerank_runtime)
+        Reranker(
+            options.distil_from,
+            device,
+            batch_size=settings.rerank_batch_size,
+            runtime=settings.rerank_runtime,
+            quantize="none",  # the student learns the teacher's own scores, even from a student
+        )
         if options.distil_from
         else None
     )
@@ -184,7 +190,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         "layers": model.transformers_model.config.num_hidden_layers,
         **({"teacher": _teacher_summary(teacher)} if teacher else {}),
         "max_length": max_length,
-        "memory_context": options.memory_context,
+        **_serving_fields(options),
         "steps": steps,
         "best_step": best["step"],
         "loss_first": _mean(losses[: max(1, len(losses) // 5)]),
@@ -208,6 +214,12 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     shutil.move(str(work / "best"), target)
     shutil.rmtree(work, ignore_errors=True)
     return card
+
+
+def _serving_fields(options: TrainOptions) -> dict:
+    """What serving reads of the card (engine/rerank.py): a distilled student is made for CPUs, so a
+    CPU serves it in int8 unless told otherwise."""
+    return {"memory_context": options.memory_context, "cpu_quantize": "int8" if options.distil_from else "none"}
 
 
 def _mean(values: list[float]) -> float:
@@ -334,7 +346,7 @@ def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, q
     """Save the model, load it the way serving does, and score the real pipeline on dev."""
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder))
-    (folder / CARD_FILE).write_text(json.dumps({"memory_context": options.memory_context}))  # the full card comes last
+    (folder / CARD_FILE).write_text(json.dumps(_serving_fields(options)))  # the full card comes last
     engine.reranker = Reranker(  # as serving will load it: runtime, quantization, length
         str(folder),
         engine.device,

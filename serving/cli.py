@@ -85,8 +85,9 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rerank-quantize",
-        choices=["none", "int8"],
-        help="int8: ONNX Runtime's dynamic int8 model, faster on a CPU for a little quality (default none)",
+        choices=["auto", "none", "int8"],
+        help="int8: ONNX Runtime's int8 model, ~2x faster on a CPU for ~0.001 nDCG@10; auto (default): int8 for a"
+        " distilled CPU student on a CPU, else none",
     )
     g.add_argument(
         "--rerank-cache-size", type=int, help="scores of repeated (query, document) pairs kept (default 20000; 0 = off)"

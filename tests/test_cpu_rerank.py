@@ -170,8 +170,11 @@ def test_build_can_distil_the_cpu_student(beir_dir, teacher_dir, tmp_path, capsy
     assert card["layers"] == 3 and card["steps"] == 2 and card["max_length"] == 48
     assert card["teacher"]["path"] == teacher_dir and card["teacher"]["layers"] == 6
     assert "student reranker" in capsys.readouterr().out
+    assert card["cpu_quantize"] == "int8" and card["eval_rerank"]["quantize"] == "auto"
     engine = HybridEngine(Settings(index_dir=target, device="cpu"))
     assert engine.reranker.model.transformers_model.config.num_hidden_layers == 3
+    assert engine.reranker.runtime == "onnx-int8"  # a CPU student is served in int8 by default
+    assert HybridEngine(Settings(index_dir=target, device="cpu", rerank_quantize="none")).reranker.runtime == "onnx"
 
 
 def test_the_engine_runs_numpy_blas_on_one_thread(index_dir):

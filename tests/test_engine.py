@@ -214,3 +214,6 @@ def test_memory_aware_reranker_reads_the_memory_context(index_dir, reranker_dir,
     (tmp_path / "aware" / CARD_FILE).write_text("{not json")
     with pytest.raises(RerankerError, match="not a model card"):
         Reranker(str(tmp_path / "aware"), "cpu")
+    (tmp_path / "aware" / CARD_FILE).write_text('{"cpu_quantize": "int4"}')
+    with pytest.raises(RerankerError, match="cpu_quantize must be none or int8, not 'int4'"):
+        Reranker(str(tmp_path / "aware"), "cpu")
