@@ -31,6 +31,7 @@ import numpy as np
 
 from benchmarks.latency import _http_load, machine, machine_name
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
+from engine import threads
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
@@ -187,6 +188,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
+    threads.for_queries()  # as `serve` runs: its A2A process and the in-process stage alike
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from engine import threads
 from engine.config import Settings
 from engine.dataset import DatasetError
 from engine.documents import problems
@@ -404,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.config.is_file():
             return _fail(f"--config {args.config}: file not found")
         os.environ["HYBRID_SEARCH_CONFIG"] = str(args.config)
+    if args.command in threads.QUERY_COMMANDS:
+        threads.for_queries()
     try:
         settings = settings_from(args)
         from serving import commands
