@@ -77,9 +77,9 @@ class Settings(BaseSettings):
     )
     rerank_quantize: Literal["auto", "none", "int8"] = Field(
         "auto",
-        description="int8 = ONNX Runtime's dynamic int8 reranker, smoothed on the index's text: ~2x the pairs per"
-        " second on a CPU for ~0.001 dev nDCG@10 (the README's CPU reranking table); auto = int8 on a CPU for a"
-        " distilled CPU student (its model card says so), else none",
+        description="int8 = ONNX Runtime's dynamic int8 reranker, smoothed on the index's text: 1.4-1.5x the"
+        " pairs per second on a CPU for ~0.001 dev nDCG@10 (the README's CPU reranking table); auto = int8 on a"
+        " CPU for a distilled CPU student (its model card says so), else none",
     )
     rerank_cache_size: int = Field(
         20_000, ge=0, description="(query, document) scores kept for repeated questions; 0 = no cache"
