@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.int8 import SMOOTHED, quantize_int8, recipe
+from engine.int8 import SMOOTHED, quantize_int8, recipe, recorded
 from engine.pair_tokens import PairTokenizer
 
 Pairs = Sequence[tuple[str, str]]
@@ -98,7 +98,7 @@ class OnnxCrossEncoder:
 
         path = onnx_path(source)
         weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
-        if not path.is_file() or path.stat().st_mtime < max(weights, default=0) or _trace(path) != TRACE:
+        if not path.is_file() or path.stat().st_mtime < max(weights, default=0) or recorded(path, TRACE_KEY) != TRACE:
             export_onnx(cross_encoder.transformers_model, cross_encoder.tokenizer, path)
         self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
         if quantize == "int8":
@@ -127,11 +127,3 @@ class OnnxCrossEncoder:
             features = self.tokenize([pairs[i] for i in rows])
             logits[rows] = self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]
         return logits
-
-
-def _trace(path: Path) -> str | None:
-    """The recipe ``path`` was traced with (None: before recipes were recorded)."""
-    import onnx
-
-    props = onnx.load(str(path), load_external_data=False).metadata_props
-    return next((p.value for p in props if p.key == TRACE_KEY), None)
