@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     )
     rerank_quantize: Literal["auto", "none", "int8"] = Field(
         "auto",
-        description="int8 = ONNX Runtime's dynamic int8 reranker, smoothed on the index's text: 1.4-1.5x the"
+        description="int8 = ONNX Runtime's dynamic int8 reranker, smoothed on the index's text: 1.2-1.5x the"
         " pairs per second on a CPU for ~0.001 dev nDCG@10 (the README's CPU reranking table); auto = int8 on a"
         " CPU for a distilled CPU student (its model card says so), else none",
     )

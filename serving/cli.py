@@ -87,7 +87,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rerank-quantize",
         choices=["auto", "none", "int8"],
-        help="int8: ONNX Runtime's int8 model, 1.4-1.5x the pairs per second on a CPU for ~0.001 nDCG@10;"
+        help="int8: ONNX Runtime's int8 model, 1.2-1.5x the pairs per second on a CPU for ~0.001 nDCG@10;"
         " auto (default): int8 for a distilled CPU student on a CPU, else none",
     )
     g.add_argument(
