@@ -41,7 +41,8 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
     assert card["best_step"] in (5, 10) and len(card["history"]) == 2
     saved = json.loads((settings.index_dir / "reranker" / CARD_FILE).read_text())
     assert saved["base_model"] == minilm_path and saved["dev_reranked"]["queries"] == 8
-    assert saved["eval_rerank"] == {"depth": 8, "blend": settings.rerank_blend, "quantize": "none", "max_length": 64}
+    assert saved["eval_rerank"] == {"depth": 8, "blend": settings.rerank_blend, "quantize": "auto", "max_length": 64}
+    assert saved["cpu_quantize"] == "none"  # a model trained from scratch, not a CPU student
     engine = HybridEngine(settings.model_copy(update={"max_length": None}))  # picks the trained model up by itself
     assert engine.reranker is not None and engine.reranker.name.endswith("reranker")
     assert engine.reranker.max_length == card["max_length"] == 64  # the length it was trained with
