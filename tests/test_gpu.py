@@ -52,3 +52,24 @@ def test_onnx_runtime_cuda_provider_ranks_like_torch(reranker_dir, beir_dir):
     onnx_scores = onnx.score("caffeine and the liver", docs)
     order = lambda scores: sorted(range(len(scores)), key=lambda i: -scores[i])[:5]  # noqa: E731
     assert order(onnx_scores) == order(torch_scores)
+
+
+def test_out_of_memory_halves_the_batch_then_falls_back_to_the_cpu(reranker_dir, beir_dir):
+    """A GPU that cannot hold a batch never fails the request: the scores still come, ranked as the CPU
+    ranks them. The allocator is capped at what the weights take, so every batch overflows."""
+    from engine.dataset import load_dataset
+    from engine.rerank import Reranker
+
+    docs = [d.contents * 8 for d in load_dataset(beir_dir).corpus.values()]
+    cpu = Reranker(reranker_dir, "cpu", max_length=256, runtime="torch").score("caffeine and the liver", docs)
+    gpu = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32)
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_allocated() / total)
+    try:
+        scores = gpu.score("caffeine and the liver", docs)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert len(scores) == len(docs) and gpu.device == "cpu"
+    order = lambda s: sorted(range(len(s)), key=lambda i: -s[i])[:5]  # noqa: E731
+    assert order(scores) == order(cpu)

@@ -1,0 +1,136 @@
+"""``run``: on the GPU machine. Take the part this call carried, install once all parts are in /tmp,
+then run the stages asked for, each a child process of the real CLI or benchmark, its log and
+results under the results folder. Uses only the standard library until the install is done."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from benchmarks.gpu_kit.plan import KIT_DIR, MANIFEST, describe, stage
+
+HOME = Path("/tmp/gpukit")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def receive(carried: Path, home: Path = HOME) -> tuple[dict, list[str]]:
+    """Keep every carried part whose checksum the manifest confirms; return the manifest and the
+    names of the parts still missing."""
+    manifest = json.loads((carried / MANIFEST).read_text())
+    store = home / "parts"
+    store.mkdir(parents=True, exist_ok=True)
+    if (store / MANIFEST).is_file() and json.loads((store / MANIFEST).read_text()) != manifest:
+        shutil.rmtree(store)  # a different pack: start again
+        store.mkdir(parents=True)
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    for part in manifest["parts"]:
+        src, kept = carried / part["name"], store / part["name"]
+        if src.is_file() and not kept.is_file():
+            if _sha(src) != part["sha256"]:
+                raise SystemExit(f"{src}: checksum differs from the manifest; pack again")
+            shutil.copyfile(src, kept)
+    return manifest, [p["name"] for p in manifest["parts"] if not (store / p["name"]).is_file()]
+
+
+def install(manifest: dict, home: Path = HOME) -> dict[str, str]:
+    """Unpack the bundle and install the wheels into ``home/site`` (once); return the environment
+    the stages run with."""
+    root, site = home / "root", home / "site"
+    done = home / "installed"
+    if not done.is_file():
+        started = time.perf_counter()
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        bundle = home / "bundle.tar"
+        with open(bundle, "wb") as out:
+            for part in manifest["parts"]:
+                out.write((home / "parts" / part["name"]).read_bytes())
+        with tarfile.open(bundle) as tar:
+            tar.extractall(root, filter="data")
+        bundle.unlink()
+        for packed in ("java-runtime", "index", "dataset"):
+            with tarfile.open(root / f"{packed}.tar.xz") as tar:
+                tar.extractall(root, filter="tar")  # the runtime's symbolic links are its own
+        wheels = sorted(str(w) for w in (root / "wheels").glob("*.whl"))
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        subprocess.run(pip + ["--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
+        done.write_text(f"{time.perf_counter() - started:.1f}\n")
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
+        "JAVA_HOME": str(root / "java-runtime"),
+        "HYBRID_SEARCH_ANSERINI_JAR": str(root / "anserini-lucene.jar"),
+        "HYBRID_SEARCH_INDEX_DIR": str(root / "index"),
+        "HYBRID_SEARCH_DATA_DIR": str(root / "dataset"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _commands(results: Path) -> dict[str, list[list[str]]]:
+    py = [sys.executable]
+    cli = py + ["-m", "serving.cli"]
+    return {
+        "check": [py + ["-m", "benchmarks.gpu_kit", "check", "--out", str(results / "check.json")]],
+        "tests": [py + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rA"]],
+        "train": [cli + ["train-reranker"]],
+        "evaluate": [cli + ["evaluate", "--split", "dev", "--output", str(results / "eval-dev")]],
+        "rerank": [py + ["-m", "benchmarks.gpu_rerank", "--out", str(results / "gpu-rerank.json")]],
+        "bench": [
+            cli
+            + ["bench", "--target", "engine", "--depths", "0,10,20,50,100,200", "--concurrency", "1,8,32,64,128"]
+            + ["--num-queries", "324", "--output", str(results), "--name", "engine"]
+        ],
+        "http": [py + ["-m", "benchmarks.gpu_kit", "http", "--out", str(results)]],
+    }
+
+
+def run(stages: list[str], out: Path, carried: Path = REPO / KIT_DIR) -> int:
+    """One call's work: receive, install when complete, run ``stages``; results into ``out``."""
+    manifest, missing = receive(carried)
+    print(describe(len(manifest["parts"])), flush=True)
+    if missing:
+        print(f"have {len(manifest['parts']) - len(missing)} of {len(manifest['parts'])} parts; next: {missing[0]}")
+        return 0 if not stages else 3
+    env = install(manifest)
+    results = HOME / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    commands = _commands(results)
+    summary_path = results / "stages.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    failed = 0
+    for name in stages:
+        stage(name)  # an unknown name fails before any work
+    for name in stages:
+        started = time.perf_counter()
+        with open(results / f"{name}.log", "w") as log:
+            codes = [
+                subprocess.run(c, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+                for c in commands[name]
+            ]
+        seconds = time.perf_counter() - started
+        summary[name] = {"exit": max(codes), "seconds": round(seconds, 1)}
+        failed += max(codes) != 0
+        print(f"{name}: exit {max(codes)} in {seconds / 60:.1f} min", flush=True)
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        _ship(results, out)
+    return 1 if failed else 0
+
+
+def _ship(results: Path, out: Path) -> None:
+    """Everything measured so far as one archive (the transfer back takes at most 8 files)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+        tar.add(results, arcname="results")
