@@ -50,6 +50,13 @@ def http(out: Path) -> int:
     queries = list(load_dataset(Path(os.environ["HYBRID_SEARCH_DATA_DIR"])).split_queries("dev").values())
     rest, a2a = free_port(), free_port()
     args = ["serve", "--mcp-port", str(rest), "--a2a-port", str(a2a)]
+    if not (Path(os.environ["HYBRID_SEARCH_INDEX_DIR"]) / "reranker").is_dir():
+        # a machine that did not train one times an untrained MiniLM cross-encoder (the same compute)
+        from engine.models import DEFAULT_ENCODER, resolve_model
+        from index_build.train_reranker import TRAIN_MAX_LENGTH
+
+        args += ["--reranker", resolve_model(DEFAULT_ENCODER)]
+        args += ["--max-length", str(TRAIN_MAX_LENGTH)]
     server = start_server(args, f"http://127.0.0.1:{rest}/health", out / "http-server.log")
     try:
         for door, url in (("rest", f"http://127.0.0.1:{rest}/search_nfcorpus"), ("a2a", f"http://127.0.0.1:{a2a}/")):

@@ -91,7 +91,7 @@ def _commands(results: Path) -> dict[str, list[list[str]]]:
         "bench": [
             cli
             + ["bench", "--target", "engine", "--depths", "0,10,20,50,100,200", "--concurrency", "1,8,32,64,128"]
-            + ["--num-queries", "324", "--output", str(results), "--name", "engine"]
+            + ["--num-queries", "200", "--output", str(results), "--name", "engine"]
         ],
         "http": [py + ["-m", "benchmarks.gpu_kit", "http", "--out", str(results)]],
     }

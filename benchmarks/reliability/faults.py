@@ -467,9 +467,9 @@ def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: in
     nobody = f"http://127.0.0.1:{free_port()}/v1"  # no LLM server listens there
     settings = {"reranker": reranker, "rerank_runtime": "torch", "llm_url": nobody}
     with in_process(index_dir, work_dir, **settings) as (client, service):
-        model = service.engine.reranker.model
+        model = service.engine.reranker.model.transformers_model
         query = {"query": QUERIES[0], "top_k": 5}
-        model.predict = broken
+        model.forward = broken
         replies = [client.post("/search", json=query) for _ in range(queries)]
         fused = [d for d, _ in service.engine.stages(QUERIES[0], 5).fused[:5]]
         health = client.get("/health").json()
@@ -477,7 +477,7 @@ def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: in
         answer = client.post(SOLVER_PATH, json={"task_id": "t1", "task": "Does vitamin D prevent falls?"})
         llm = client.get("/health").json().get("llm_health", {})
         llm_metric = _metric(client.get("/metrics").text, "llm_failures_total")
-        del model.predict  # the model works again
+        del model.forward  # the model works again
         client.post("/search", json=query)
         recovered = client.get("/health").json()["reranker_health"]["status"]
     return {
