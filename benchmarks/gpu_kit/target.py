@@ -90,8 +90,8 @@ def _commands(results: Path) -> dict[str, list[list[str]]]:
         "rerank": [py + ["-m", "benchmarks.gpu_rerank", "--out", str(results / "gpu-rerank.json")]],
         "bench": [
             cli
-            + ["bench", "--target", "engine", "--depths", "0,10,20,50,100,200", "--concurrency", "1,8,32,64,128"]
-            + ["--num-queries", "200", "--output", str(results), "--name", "engine"]
+            + ["bench", "engine", "--depths", "0,10,20,50,100,200", "--concurrency", "1,8,32,64,128"]
+            + ["--num-queries", "100", "--output", str(results), "--name", "engine"]
         ],
         "http": [py + ["-m", "benchmarks.gpu_kit", "http", "--out", str(results)]],
     }
