@@ -127,9 +127,10 @@ def measure(reranker_dir: str, queries: int, depth: int, batch: int, max_length:
     )
     variants["onnxruntime-gpu"] = _onnx_status()
 
+    from engine.config import Settings
     from engine.rerank import Reranker
 
-    served = Reranker(reranker_dir, "cuda", max_length=max_length)
+    served = Reranker(reranker_dir, "cuda", max_length=max_length, batch_size=Settings().rerank_batch_for("cuda"))
     served.score_pairs(per_query[0][1])
     torch.cuda.synchronize()
     started = time.perf_counter()

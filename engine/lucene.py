@@ -149,15 +149,11 @@ class LuceneIndex:
             builder.add(bag, j.BooleanClause_Occur.MUST)
             builder.add(j.TermInSetQuery("id", terms), j.BooleanClause_Occur.FILTER)
             bag = builder.build()
-        with self._lock:  # only to pin the current reader: searches run side by side (as SearcherManager's)
-            searcher, reader = self._searcher, self._reader
-            reader.incRef()
-        try:
+        with self._lock:
+            searcher = self._searcher
             top = searcher.search(bag, int(k), j.sort, True)
             stored = searcher.storedFields()
             return [(stored.document(hit.doc).get("id"), float(hit.score)) for hit in top.scoreDocs]
-        finally:
-            reader.decRef()
 
     # writing
     def add(self, document_id: str, units: Iterable[tuple[str, str]]) -> None:

@@ -97,24 +97,30 @@ def open_reranker(settings: Settings, device: str) -> Reranker | None:
     if settings.reranker is None and not Path(path).is_dir():
         log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
         return None
-    s = settings
     try:
-        return Reranker(
-            path,
-            device,
-            s.max_length,
-            s.rerank_batch_size,
-            s.rerank_runtime,
-            s.rerank_quantize,
-            PairCache(s.rerank_cache_size, s.rerank_cache_s) if s.rerank_cache_size else None,
-            s.rerank_length_cap(device),
-            int8_calibration(s.index_dir),
-        )
+        return load_reranker(settings, path, device)
     except RerankerError as exc:
         if settings.reranker is not None:
             raise
         log.warning("%s; serving fused results", exc)
         return None
+
+
+def load_reranker(settings: Settings, path: str, device: str, cache: bool = True) -> Reranker:
+    """The reranker at ``path`` as serving runs it: runtime, quantization, length, batch, and the
+    pair cache unless ``cache`` is off (training scores each checkpoint afresh)."""
+    s = settings
+    return Reranker(
+        path,
+        device,
+        max_length=s.max_length,
+        batch_size=s.rerank_batch_for(device),
+        runtime=s.rerank_runtime,
+        quantize=s.rerank_quantize,
+        cache=PairCache(s.rerank_cache_size, s.rerank_cache_s) if cache and s.rerank_cache_size else None,
+        length_cap=s.rerank_length_cap(device),
+        calibration=int8_calibration(s.index_dir),
+    )
 
 
 def int8_calibration(index_dir: Path, queries: int = 32, per_query: int = 8) -> Callable[[], list[tuple[str, str]]]:

@@ -35,7 +35,7 @@ from engine.dataset import Dataset, load_dataset
 from engine.evaluation import evaluate_run, served_stage, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
-from engine.pipeline import HybridEngine, int8_calibration
+from engine.pipeline import HybridEngine, load_reranker
 from engine.progress import track
 from engine.rerank import CARD_FILE, Reranker
 from index_build.negatives import mine_candidates
@@ -104,7 +104,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
         Reranker(
             options.distil_from,
             device,
-            batch_size=settings.rerank_batch_size,
+            batch_size=settings.rerank_batch_for(device),
             runtime=settings.rerank_runtime,
             quantize="none",  # the student learns the teacher's own scores, even from a student
         )
@@ -347,16 +347,7 @@ def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, q
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder))
     (folder / CARD_FILE).write_text(json.dumps(_serving_fields(options)))  # the full card comes last
-    engine.reranker = Reranker(  # as serving will load it: runtime, quantization, length
-        str(folder),
-        engine.device,
-        settings.max_length,
-        settings.rerank_batch_size,
-        settings.rerank_runtime,
-        settings.rerank_quantize,
-        length_cap=settings.rerank_length_cap(engine.device),
-        calibration=int8_calibration(settings.index_dir),
-    )
+    engine.reranker = load_reranker(settings, str(folder), engine.device, cache=False)  # as serving will
     try:
         stage = served_stage(engine)
         return evaluate_run(qrels, stage_runs(engine, queries, progress=False, reranked=(stage,))[f"{stage}+rerank"])

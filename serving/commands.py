@@ -259,7 +259,10 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
                 "max_length": settings.max_length or TRAIN_MAX_LENGTH,
             }
             settings = settings.model_copy(update=untrained)
-        report = bench_engine(HybridEngine(settings), queries, depths, concurrency)
+        # no pair cache: each depth re-ranks the queries the shallower one did, and would read its scores
+        report = bench_engine(
+            HybridEngine(settings.model_copy(update={"rerank_cache_size": 0})), queries, depths, concurrency
+        )
     else:
         if not args.url:
             raise ValueError(f"--url is required to benchmark the {args.target} front door")

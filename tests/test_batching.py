@@ -25,3 +25,21 @@ def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir,
         assert batcher.device == "cpu"  # the wrapped reranker's attributes show through
     finally:
         batcher.close()
+
+
+def test_a_lone_request_does_not_wait_for_company(reranker_dir, beir_dir):
+    """With nobody else in ``score``, the batch is scored at once, not after ``max_wait_s``."""
+    import time
+
+    reranker = Reranker(reranker_dir, "cpu", max_length=64)
+    docs = [d.contents for d in load_dataset(beir_dir).corpus.values()][:4]
+    batcher = RerankBatcher(reranker, max_wait_s=60)
+    try:
+        started = time.perf_counter()
+        for _ in range(3):
+            assert batcher.score("soy and prostate cancer", docs) == pytest.approx(
+                reranker.score("soy and prostate cancer", docs), abs=1e-4
+            )
+        assert time.perf_counter() - started < 30 and batcher.batches == 3
+    finally:
+        batcher.close()

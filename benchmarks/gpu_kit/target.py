@@ -74,7 +74,6 @@ def install(manifest: dict, home: Path = HOME) -> dict[str, str]:
         "HYBRID_SEARCH_INDEX_DIR": str(root / "index"),
         "HYBRID_SEARCH_DATA_DIR": str(root / "dataset"),
         "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
     }
 
