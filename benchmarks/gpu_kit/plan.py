@@ -22,18 +22,18 @@ class Stage:
     what: str
 
 
-STAGES = (
-    Stage("check", 0.3, "the GPU, driver, torch and what was installed"),
-    Stage("tests", 1.5, "the GPU tests (tests/test_gpu.py) on the real CUDA path"),
-    Stage("train", 4.0, "train-reranker with the GPU recipe: every training query, 256 tokens"),
-    Stage("evaluate", 1.5, "evaluate --split dev with the GPU-trained reranker: the dev table"),
-    Stage("rerank", 1.5, "reranker pairs/s: fp32, fp16, bf16, torch.compile, ONNX Runtime, rank agreement"),
-    Stage("bench", 3.0, "per-stage latency at rerank depth 0-200, queries/s at 1-128 clients, in-process"),
-    Stage("http", 2.5, "end to end through REST and A2A at 1, 8 and 64 clients"),
+STAGES = (  # minutes as measured on an H100 on 2026-11-24 (benchmarks/results/h100/)
+    Stage("check", 0.4, "the GPU, driver, torch and what was installed"),
+    Stage("tests", 0.5, "the GPU tests (tests/test_gpu.py) on the real CUDA path"),
+    Stage("train", 6.1, "train-reranker with the GPU recipe: every training query, 256 tokens"),
+    Stage("evaluate", 3.1, "evaluate --split dev with the GPU-trained reranker: the dev table"),
+    Stage("rerank", 1.5, "reranker pairs/s: fp32, tf32, bf16, fp16, torch.compile, CUDA graphs, rank agreement"),
+    Stage("bench", 1.4, "per-stage latency at rerank depth 0-200, queries/s at 1-128 clients, in-process"),
+    Stage("http", 3.7, "end to end through REST and A2A at 1, 8 and 64 clients"),
 )
-INSTALL_MINUTES = 1.0
-# Two commands after the parts arrive: each stays well inside COMMAND_SECONDS.
-BATCHES = (("check", "tests", "train", "evaluate"), ("rerank", "bench", "http"))
+INSTALL_MINUTES = 0.2
+# Three commands after the parts arrive, each well inside COMMAND_SECONDS.
+BATCHES = (("check", "tests", "train"), ("evaluate", "rerank", "bench"), ("http",))
 
 
 def stage(name: str) -> Stage:

