@@ -22,6 +22,7 @@ from benchmarks.gpu_kit.plan import (
     device_command,
 )
 from benchmarks.gpu_kit.target import receive
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
