@@ -30,6 +30,7 @@ from engine.evaluation import evaluate_run, paired_test, stage_runs
 from engine.models import load_encoder, pick_device
 from engine.pipeline import HybridEngine
 from index_build.builder import build_index
+from index_build.corpus import beir_corpus
 from index_build.schedule import warmup_linear
 
 NEGATIVE_RANKS = slice(5, 60)
@@ -55,7 +56,7 @@ def main() -> None:
         losses = _fine_tune(base, dataset, Path(work) / "encoder", args)
         trained = round(time.perf_counter() - started, 1)
         tuned = settings.model_copy(update={"encoder": str(Path(work) / "encoder"), "index_dir": Path(work) / "index"})
-        build_index(tuned, dataset)
+        build_index(tuned, beir_corpus(dataset))
         after = stage_runs(HybridEngine(tuned), dev_queries, progress=False)
     report = {
         stage: {"before": evaluate_run(dev, before[stage]), "after": evaluate_run(dev, after[stage])}

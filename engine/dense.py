@@ -159,6 +159,8 @@ class DenseRetriever:
         import faiss
 
         if allowed_rows is None:
+            if not self.units:  # an empty index (`init`): FAISS refuses k = 0
+                return []
             scores, rows = self._fast.search(vector, min(k, len(self.units)))
         elif not allowed_rows:
             return []

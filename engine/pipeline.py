@@ -3,6 +3,7 @@ index has a trained fusion model), reranking."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -376,8 +377,13 @@ class HybridEngine:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries
         report."""
         r, s = self.reranker, self.settings
+        calibrated = self.fusion is not None and self.fusion.calibration is not None
         return {
+            "stages": ["bm25", "dense"] + ["memory"] * (self.memory is not None) + ["fusion"] + ["rerank"] * bool(r),
             "fusion": f"learned ({self.fusion.describe()})" if self.fusion else "rrf",
+            "similarity_score": "calibrated probability of relevance"
+            if calibrated
+            else "query-chunk cosine in 0-1, falling down the list; not a probability (no training judgments)",
             "reranker": r.name if r else None,
             "reranker_runtime": r.runtime if r else None,
             "rerank_depth": self.rerank_depth,
@@ -401,12 +407,14 @@ class HybridEngine:
     def similarity(self, result: StageResult, ranking: list[tuple[str, float]]) -> list[float]:
         """What ``similarity_score`` means: with a calibrated fusion, the probability that the hit is
         relevant (from its fused score and final rank); without one (no training judgments), the
-        cosine of the query and the chunk, kept in the 0-1 a threshold reads (a chunk pointing away
-        from the query is as dissimilar as one at right angles; float error can pass 1)."""
+        cosine of the query and the chunk in 0-1 (a chunk pointing away from the query is as
+        dissimilar as one at right angles), never above the score of the hit ranked before it, so
+        the scores fall down the list and a threshold keeps a prefix of the ranking. Without
+        judgments it is a similarity, not a probability."""
         calibration = self.fusion.calibration if self.fusion is not None else None
         if calibration is None:
             cosines = self.dense.similarity(result.query_vector, [d for d, _ in ranking])
-            return [min(1.0, max(0.0, c)) for c in cosines]
+            return list(itertools.accumulate((min(1.0, max(0.0, c)) for c in cosines), min))
         fused = dict(result.fused)
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 

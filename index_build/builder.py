@@ -1,4 +1,5 @@
-"""Build an index directory (BM25 + FAISS + document store + manifest) from a BEIR corpus."""
+"""Build an index directory (BM25 + FAISS + document store + manifest) from a BEIR dataset, a folder
+of files, or nothing (an empty index to ingest into)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import numpy as np
+
 from engine.config import Settings
-from engine.dataset import Dataset, Document, beir_document, fingerprint, load_dataset
+from engine.dataset import Dataset
 from engine.dense import build_faiss, encode
 from engine.docstore import DocStore
+from engine.documents import unit_id
 from engine.index_dir import (
     BM25_DIR,
     DENSE_FILE,
@@ -29,6 +33,7 @@ from engine.lucene import LuceneIndex
 from engine.memory import write_memory
 from engine.models import load_encoder, pick_device
 from engine.progress import track
+from index_build.corpus import Corpus, open_corpus
 from index_build.train_fusion import train_fusion, training_split
 
 log = logging.getLogger(__name__)
@@ -36,10 +41,11 @@ _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers"
 
 
 def build_index(
-    settings: Settings, dataset: Dataset | None = None, progress: bool = True, on_ray: bool = False
+    settings: Settings, corpus: Corpus | None = None, progress: bool = True, on_ray: bool = False
 ) -> Manifest:
     """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
 
+    ``corpus``: default, what ``settings.data_dir`` holds (a BEIR dataset or a folder of files).
     ``on_ray``: the corpus is encoded across a Ray cluster (``settings.ray_address``); the index is
     the same.
 
@@ -47,17 +53,24 @@ def build_index(
     reranker trained into an earlier index of the same corpus is carried over.
     """
     started = time.perf_counter()
-    dataset = dataset or load_dataset(settings.data_dir)
+    if corpus is None:
+        corpus = open_corpus(settings.data_dir, settings.chunk_words, settings.chunk_overlap_words, progress)
+    if corpus.files and not corpus.documents:
+        reasons = "; ".join(f"{name}: {why}" for name, why in corpus.skipped[:5])
+        raise ValueError(f"{corpus.root}: no file could be read ({reasons})")
     target = Path(settings.index_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
-        docs = list(dataset.corpus.values())
+        docs = corpus.documents
+        units = [(d["document_id"], c) for d in docs for c in d["chunks"]]
+        texts = [f"{c['title']} {c['content']}".strip() for _, c in units]
         _build_bm25(tmp / BM25_DIR, docs, progress)
         device = pick_device(settings.device)
         encoder = load_encoder(settings.encoder, device)
-        texts = [d.contents for d in docs]
-        if on_ray:
+        if not texts:
+            vectors = np.zeros((0, encoder.get_sentence_embedding_dimension()), dtype=np.float32)
+        elif on_ray:
             from index_build.ray_encode import encode_on_ray
 
             vectors = encode_on_ray(settings, texts)
@@ -67,10 +80,11 @@ def build_index(
 
         faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))
         _write_store(tmp / DOCS_FILE, docs)
-        memory = _build_memory(tmp / MEMORY_DIR, dataset, settings, encoder)
+        dataset = corpus.dataset
+        memory = _build_memory(tmp / MEMORY_DIR, dataset, settings, encoder) if dataset is not None else {}
         manifest = Manifest(
-            dataset=str(Path(dataset.root).resolve()),
-            fingerprint=fingerprint(dataset.root),
+            dataset=str(corpus.root.resolve()) if corpus.files else "",
+            fingerprint=corpus.fingerprint,
             documents=len(docs),
             encoder=settings.encoder,
             dimension=int(vectors.shape[1]),
@@ -80,11 +94,17 @@ def build_index(
             versions=_versions(),
             build_seconds=round(time.perf_counter() - started, 2),
             built_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            settings={"device": device, "encode_batch_size": settings.encode_batch_size, "hnsw_m": settings.hnsw_m},
+            settings={
+                "device": device,
+                "encode_batch_size": settings.encode_batch_size,
+                "hnsw_m": settings.hnsw_m,
+                "chunks": len(units),
+                **({"files": corpus.files, "skipped_files": len(corpus.skipped)} if dataset is None else {}),
+            },
         )
         _keep_reranker(target, tmp, manifest.fingerprint)
         manifest.write(tmp)
-        if settings.fusion != "rrf" and training_split(manifest, dataset):
+        if dataset is not None and settings.fusion != "rrf" and training_split(manifest, dataset):
             train_fusion(settings.model_copy(update={"index_dir": tmp}), dataset, progress=progress)
         _swap_in(tmp, target)
     except BaseException:
@@ -94,20 +114,24 @@ def build_index(
     return manifest
 
 
-def _build_bm25(path: Path, docs: list[Document], progress: bool) -> None:
-    """Title and text in one ``contents`` field, Anserini's analyzer: BEIR "flat". Each record is a
-    document of one chunk, so that live updates replace it by its id."""
+def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
+    """Title and text in one ``contents`` field, Anserini's analyzer: BEIR "flat". Each chunk is
+    indexed under its document, so that live updates replace a document's chunks by its id."""
     index = LuceneIndex(path, writable=True, create=True)
     for doc in track(docs, "BM25 index", "doc", enabled=progress):
-        index.add(doc.doc_id, [(doc.doc_id, doc.contents)])
+        units = [
+            (unit_id(doc["document_id"], c["chunk_id"]), f"{c['title']} {c['content']}".strip()) for c in doc["chunks"]
+        ]
+        index.add(doc["document_id"], units)
     index.commit(0)
     index.close()
 
 
-def _write_store(path: Path, docs: list[Document]) -> None:
-    """Every record as a one-chunk document whose row is its position (the dense index's id)."""
+def _write_store(path: Path, docs: list[dict]) -> None:
+    """Every document; its chunks' rows are their positions in the build (the dense index's ids)."""
     store = DocStore(path)
-    store.write_documents((beir_document(doc), [row]) for row, doc in enumerate(docs))
+    rows = iter(range(sum(len(d["chunks"]) for d in docs)))
+    store.write_documents((doc, [next(rows) for _ in doc["chunks"]]) for doc in docs)
     store.close()
 
 

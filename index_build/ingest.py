@@ -1,25 +1,26 @@
-"""Files to documents for a live index: BEIR JSONL, DOCUMENT_INGESTION JSON, text, Markdown, PDF.
+"""Files to documents: BEIR JSONL, DOCUMENT_INGESTION JSON, text, Markdown, PDF, HTML, DOCX.
 
 Every document of a file is read and validated before any is written, so a bad file adds
 nothing, and its error names the file and the line (JSONL), the field (JSON) or the page (PDF).
-Files that arrive unchunked (text, Markdown, PDF) are split into sentences by pysbd (a
-rule-based splitter that knows abbreviations, decimals and citations) and packed into chunks of
-about ``chunk_words`` words, neighbours sharing ``overlap_words`` words of whole sentences; each
-chunk keeps its ``page`` (PDF) or ``section`` (the Markdown heading above it).
+Files that arrive unchunked (text, Markdown, PDF, HTML, DOCX; read by ``formats``) are split into
+sentences by pysbd (a rule-based splitter that knows abbreviations, decimals and citations) and
+packed into chunks of about ``chunk_words`` words, neighbours sharing ``overlap_words`` words of
+whole sentences; each chunk keeps its ``page`` (PDF) or ``section`` (the heading above it), and the
+document its ``document_type`` (the format) and the ``date`` the file states.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from engine.dataset import DatasetError, read_jsonl
-from engine.documents import DocumentIn, problems
+from engine.documents import DATE, DOCUMENT_TYPE, DocumentIn, problems
 from engine.sentences import split_sentences
+from index_build.formats import READERS, FormatError, text_file
 
 SUFFIXES = {
     ".jsonl": "beir",
@@ -29,16 +30,21 @@ SUFFIXES = {
     ".md": "markdown",
     ".markdown": "markdown",
     ".pdf": "pdf",
+    ".html": "html",
+    ".htm": "html",
+    ".docx": "docx",
 }
-_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 
 
 class IngestError(ValueError):
     """A file that cannot be ingested; the message names the file and where in it."""
 
 
-def read_documents(path: Path, chunk_words: int = 200, overlap_words: int = 40) -> list[DocumentIn]:
-    """Every document in ``path``, validated; IngestError on the first problem."""
+def read_documents(
+    path: Path, chunk_words: int = 200, overlap_words: int = 40, document_id: str | None = None
+) -> list[DocumentIn]:
+    """Every document in ``path``, validated; IngestError on the first problem. A file of one
+    document takes ``document_id`` (default: the file's name without its suffix)."""
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise IngestError(f"{path}: unknown file type {path.suffix!r} (known: {', '.join(sorted(SUFFIXES))})")
@@ -48,18 +54,19 @@ def read_documents(path: Path, chunk_words: int = 200, overlap_words: int = 40) 
         return _beir(path)
     if kind == "message":
         return [_message(path)]
-    if kind == "pdf":
-        sections = _pdf_pages(path)
-    else:
-        text = _text(path)
-        sections = _markdown_sections(text) if kind == "markdown" else [({}, text)]
+    try:
+        sections, stated = READERS[kind](path)
+    except FormatError as exc:
+        raise IngestError(f"{path}: {exc}") from None
     chunks = [
         {"chunk_id": f"c{i}", "content": content, "metadata": meta}
         for i, (meta, content) in enumerate(chunk_sections(sections, chunk_words, overlap_words), start=1)
     ]
     if not chunks:
         raise IngestError(f"{path}: no text to index")
-    return [_valid(path, {"document_id": path.stem, "document_name": path.name, "chunks": chunks})]
+    metadata = {DOCUMENT_TYPE: kind, **({DATE: stated} if stated else {})}
+    payload = {"document_id": document_id or path.stem, "document_name": path.name, "metadata": metadata}
+    return [_valid(path, {**payload, "chunks": chunks})]
 
 
 def chunk_sections(
@@ -92,13 +99,6 @@ def _valid(path: Path, payload: object, where: str = "") -> DocumentIn:
         raise IngestError(f"{path}{where}: {problems(exc, 'document')}") from None
 
 
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise IngestError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-
-
 def _beir(path: Path) -> list[DocumentIn]:
     """``{"_id", "title", "text", "metadata"?}`` per line: one document of one chunk each, as built."""
     try:
@@ -122,44 +122,11 @@ def _beir(path: Path) -> list[DocumentIn]:
 def _message(path: Path) -> DocumentIn:
     """A DOCUMENT_INGESTION payload, bare or inside a whole message (``{"type", "payload", ...}``)."""
     try:
-        data = json.loads(_text(path))
+        data = json.loads(text_file(path))
+    except FormatError as exc:
+        raise IngestError(f"{path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise IngestError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
     if isinstance(data, dict) and data.get("type") == "DOCUMENT_INGESTION":
         data = data.get("payload")
     return _valid(path, data)
-
-
-def _markdown_sections(text: str) -> list[tuple[dict, str]]:
-    sections: list[tuple[dict, str]] = []
-    heading, lines = None, []
-    for line in text.splitlines():
-        match = _HEADING.match(line)
-        if match:
-            if "".join(lines).strip():
-                sections.append(({"section": heading} if heading else {}, "\n".join(lines)))
-            heading, lines = match.group(2), []
-        else:
-            lines.append(line)
-    if "".join(lines).strip():
-        sections.append(({"section": heading} if heading else {}, "\n".join(lines)))
-    return sections
-
-
-def _pdf_pages(path: Path) -> list[tuple[dict, str]]:
-    from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
-
-    try:
-        reader = PdfReader(path)
-        pages = []
-        for number, page in enumerate(reader.pages, start=1):
-            try:
-                text = page.extract_text() or ""
-            except (PyPdfError, ValueError, KeyError) as exc:
-                raise IngestError(f"{path}: page {number}: unreadable ({exc})") from None
-            if text.strip():
-                pages.append(({"page": number}, text))
-        return pages
-    except PyPdfError as exc:
-        raise IngestError(f"{path}: not a readable PDF ({exc})") from None

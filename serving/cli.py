@@ -112,8 +112,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("build", help="build the BM25 and dense indexes from a BEIR corpus")
-    _paths(p, data=True)
+    p = sub.add_parser(
+        "build",
+        help="build an index from a BEIR dataset or a folder of your files",
+        description="Build the BM25, dense and document indexes of --data: a BEIR dataset (a folder with"
+        " corpus.jsonl; its train judgments also build the judgment memory and the learned fusion) or any"
+        " folder of files, read recursively: .pdf, .md, .txt, .html, .docx, and the .jsonl / DOCUMENT_INGESTION"
+        " .json that `ingest` takes. Files are split into sentence-aligned chunks (page / section kept, the"
+        " document's type and stated date as metadata); a file that cannot be read is skipped, named with why,"
+        " and adds nothing. Without judgments the index serves BM25 + dense fused by RRF (and a reranker if"
+        " you give one); judgments can come later: train-fusion, train-reranker.",
+        epilog="examples:\n  hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus\n"
+        "  hybrid-search build --data ~/docs --index-dir indexes/docs --chunk-words 150\n"
+        "  hybrid-search init --index-dir indexes/empty          # nothing yet: ingest or POST /documents later",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _paths(p)
+    p.add_argument(
+        "--data",
+        dest="data_dir",
+        type=Path,
+        help="BEIR dataset or folder of files (default ../shared/datasets/nfcorpus)",
+    )
+    p.add_argument("--chunk-words", type=int, help="words per chunk when a file is split (default 200)")
+    p.add_argument("--chunk-overlap-words", type=int, help="words neighbouring chunks share (default 40)")
     p.add_argument("--encoder", help="sentence-transformers id or folder (default all-MiniLM-L6-v2, offline copy)")
     p.add_argument("--dense-index", choices=["flat", "hnsw"], help="flat: exact (default); hnsw: for >1M docs")
     p.add_argument("--memory-split", help="train judgments for the judgment memory (default auto; none = skip)")
@@ -324,10 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
+        "init",
+        help="make an empty index to ingest into or serve",
+        description="An empty index (no documents, no judgments) in --index-dir: add documents with `ingest` or"
+        " POST /documents while `serve` runs. Refuses a folder that already holds an index.",
+    )
+    _paths(p)
+    p.add_argument("--encoder", help="sentence-transformers id or folder (default all-MiniLM-L6-v2, offline copy)")
+    _device(p)
+
+    p = sub.add_parser(
         "ingest",
-        help="add files to an index: BEIR .jsonl, DOCUMENT_INGESTION .json, .txt, .md, .pdf",
-        description="Add documents to an existing index, durably (write-ahead log, then a checkpoint). A"
-        " document id sent again replaces that document whole. Text, Markdown and PDF files are split into"
+        help="add files to an index: BEIR .jsonl, DOCUMENT_INGESTION .json, .txt, .md, .pdf, .html, .docx",
+        description="Add documents to an index (an empty one is made first where there is none), durably"
+        " (write-ahead log, then a checkpoint). A document id sent again replaces that document whole. Text,"
+        " Markdown, PDF, HTML and DOCX files are split into"
         " sentence-aligned chunks (page / section kept). A file with any error adds nothing and is reported;"
         " the others go in. While `serve` runs on the index, send documents to it (POST /documents) instead.",
         epilog="examples:\n  hybrid-search ingest notes/*.md report.pdf --index-dir indexes/nfcorpus\n"

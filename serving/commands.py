@@ -19,15 +19,21 @@ console = Console()
 
 def build(settings: Settings, args: argparse.Namespace) -> int:
     from index_build.builder import build_index
+    from index_build.corpus import open_corpus
 
     started = time.perf_counter()
     if args.ray:
         _ray_app()  # Ray installed, or a clear error before any work
-    manifest = build_index(settings, on_ray=args.ray)
+    corpus = open_corpus(settings.data_dir, settings.chunk_words, settings.chunk_overlap_words)
+    for name, why in corpus.skipped:
+        print(f"hybrid-search: skipped {name}: {why}", file=sys.stderr)
+    manifest = build_index(settings, corpus, on_ray=args.ray)
     fusion = "learned fusion" if (Path(settings.index_dir) / FUSION_DIR).is_dir() else "RRF only"
+    read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
     console.print(
-        f"built [bold]{settings.index_dir}[/]: {manifest.documents} documents, encoder {manifest.encoder}"
-        f" ({manifest.dimension}-d, {manifest.dense_index}), {fusion}, {time.perf_counter() - started:.0f} s"
+        f"built [bold]{settings.index_dir}[/]: {read}{manifest.documents} documents ({corpus.chunks} chunks),"
+        f" encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {fusion},"
+        f" {time.perf_counter() - started:.0f} s"
     )
     if args.distil_from:
         from index_build.train_reranker import STUDENT_MAX_LENGTH, student_options, train
@@ -185,12 +191,30 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def init(settings: Settings, args: argparse.Namespace) -> int:
+    """An empty index to ingest into or serve (POST /documents); never over an existing one."""
+    from index_build.builder import build_index
+    from index_build.corpus import empty_corpus
+
+    if (Path(settings.index_dir) / MANIFEST_FILE).is_file():
+        raise ValueError(f"{settings.index_dir} already holds an index; `ingest` adds to it, `build` replaces it")
+    manifest = build_index(settings, empty_corpus(), progress=False)
+    console.print(
+        f"made an empty index in [bold]{settings.index_dir}[/] (encoder {manifest.encoder}): add documents with"
+        f" `hybrid-search ingest FILES --index-dir {settings.index_dir}` or POST /documents while it serves"
+    )
+    return 0
+
+
 def ingest(settings: Settings, args: argparse.Namespace) -> int:
-    """Read and validate each file whole, then log its documents; one bad file adds nothing."""
+    """Read and validate each file whole, then log its documents; one bad file adds nothing. A
+    folder that holds no index yet gets an empty one first."""
     from engine.pipeline import HybridEngine
     from engine.progress import track
     from index_build.ingest import IngestError, read_documents
 
+    if not Path(settings.index_dir).exists():
+        init(settings, args)
     engine = HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
     added = chunks = failed = 0
     started = time.perf_counter()

@@ -62,6 +62,7 @@ def fuzz_index(data_dir: Path, target: Path, documents: int = 300) -> Path:
     from engine.dataset import Dataset, load_dataset
     from engine.sentences import split_sentences
     from index_build.builder import build_index
+    from index_build.corpus import beir_corpus
 
     full = load_dataset(data_dir)
     corpus = {
@@ -69,7 +70,7 @@ def fuzz_index(data_dir: Path, target: Path, documents: int = 300) -> Path:
         for doc in list(full.corpus.values())[:documents]
     }
     settings = Settings(data_dir=data_dir, index_dir=target, fusion="rrf", memory_split=None, device="cpu")
-    build_index(settings, Dataset(full.root, corpus, {}), progress=False)
+    build_index(settings, beir_corpus(Dataset(full.root, corpus, {})), progress=False)
     return target
 
 

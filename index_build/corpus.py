@@ -1,0 +1,92 @@
+"""What `build` indexes: a BEIR dataset (with its judgments), a folder of a user's files, or nothing.
+
+A folder is read recursively (hidden files and folders left out); each file whole or not at all,
+through ``ingest.read_documents``: a file that cannot be read, or repeats a document id already
+read, is skipped with its reason and changes nothing. A file of one document takes its path
+relative to the folder as its id (``reports/q3.pdf``), so two ``notes.md`` in two folders differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.dataset import Dataset, beir_document, fingerprint, load_dataset
+from engine.progress import track
+from index_build.ingest import IngestError, read_documents
+
+
+@dataclass
+class Corpus:
+    """Documents as the document store holds them (each chunk with its ``title``), and, for a BEIR
+    dataset, the dataset whose judgments train the memory and the fusion."""
+
+    root: Path
+    documents: list[dict]
+    fingerprint: str
+    dataset: Dataset | None = None
+    files: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def chunks(self) -> int:
+        return sum(len(d["chunks"]) for d in self.documents)
+
+
+def is_beir(folder: Path) -> bool:
+    return (folder / "corpus.jsonl").is_file()
+
+
+def open_corpus(root: Path, chunk_words: int = 200, overlap_words: int = 40, progress: bool = True) -> Corpus:
+    """A BEIR folder (it has ``corpus.jsonl``) or a folder of files; a clear error for anything else."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such folder (give --data a BEIR dataset or a folder of files)")
+    if is_beir(root):
+        return beir_corpus(load_dataset(root))
+    return read_folder(root, chunk_words, overlap_words, progress)
+
+
+def beir_corpus(dataset: Dataset) -> Corpus:
+    """Each BEIR record a document of one chunk whose id is the record's."""
+    documents = [beir_document(doc) for doc in dataset.corpus.values()]
+    return Corpus(dataset.root, documents, fingerprint(dataset.root), dataset, files=1)
+
+
+def empty_corpus() -> Corpus:
+    """No documents: an index to ingest into."""
+    return Corpus(Path("."), [], hashlib.sha256(b"").hexdigest())
+
+
+def read_folder(root: Path, chunk_words: int = 200, overlap_words: int = 40, progress: bool = True) -> Corpus:
+    paths = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    documents: list[dict] = []
+    seen: dict[str, str] = {}
+    skipped: list[tuple[str, str]] = []
+    digest = hashlib.sha256()
+    bar = track(paths, "reading files", "file", enabled=progress)
+    for path in bar:
+        name = path.relative_to(root).as_posix()
+        try:
+            found = read_documents(path, chunk_words, overlap_words, document_id=name)
+        except IngestError as exc:
+            skipped.append((name, str(exc).removeprefix(f"{path}: ").removeprefix(f"{path}")))
+            continue
+        again = next((d.document_id for d in found if d.document_id in seen), None)
+        if again is not None:
+            skipped.append((name, f"document id {again!r} was already read from {seen[again]}"))
+            continue
+        for document in found:
+            seen[document.document_id] = name
+            payload = document.model_dump(mode="json")
+            for chunk in payload["chunks"]:
+                chunk["title"] = payload["document_name"]
+            documents.append(payload)
+        digest.update(name.encode() + b"\0" + path.read_bytes())
+        bar.note(chunks=sum(len(d["chunks"]) for d in documents))
+    return Corpus(root, documents, digest.hexdigest(), files=len(paths), skipped=skipped)

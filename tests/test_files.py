@@ -1,0 +1,160 @@
+"""An index from a folder of a user's files (PDF, HTML, DOCX, Markdown, text written here by real
+libraries), or from nothing, served without judgments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from engine.config import Settings
+from engine.documents import Filters
+from engine.pipeline import HybridEngine
+from index_build.builder import build_index
+from index_build.corpus import read_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "serving.cli"]
+
+
+def write_pdf(path: Path, pages: list[str], created: datetime | None = None) -> None:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    for text in pages:
+        pdf.add_page()
+        pdf.set_font("Helvetica", size=12)
+        pdf.multi_cell(0, 8, text)
+    if created:
+        pdf.set_creation_date(created)
+    pdf.output(str(path))
+
+
+def write_docx(path: Path, heading: str, paragraphs: list[str], created: datetime) -> None:
+    import docx
+
+    document = docx.Document()
+    document.add_heading(heading, 1)
+    for text in paragraphs:
+        document.add_paragraph(text)
+    document.core_properties.created = created
+    document.save(str(path))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("files")
+    (root / "guides").mkdir()
+    write_pdf(
+        root / "report.pdf",
+        [
+            "Quarterly sales of fortified cereals rose in the northern region.",
+            "Vitamin D supplements reduced falls among elderly participants in the trial.",
+        ],
+        datetime(2021, 1, 2, tzinfo=UTC),
+    )
+    write_docx(
+        root / "guides" / "statins.docx",
+        "Statins",
+        ["Statins lower cholesterol and were studied for breast cancer survival."],
+        datetime(2022, 3, 4),
+    )
+    (root / "guides" / "rice.html").write_text(
+        "<html><head><meta name='date' content='2023-02-10'><script>var tracking = 1;</script></head><body>"
+        "<nav>Home | About</nav><h1>Arsenic</h1><p>Brown rice can hold more arsenic than white rice.</p>"
+        "<h2>Children</h2><p>Infant rice cereal deserves attention from parents.</p></body></html>"
+    )
+    (root / "notes.md").write_text(
+        "---\ndate: 2024-05-01\n---\n# Soy\nSoy foods in moderation are safe for most adults.\n"
+    )
+    (root / "guides" / "notes.md").write_text("Broccoli sprouts hold sulforaphane.\n")  # same name, other folder
+    (root / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    (root / "binary.txt").write_bytes(b"\x00\x01\x02 not text")
+    (root / "empty.md").write_text("")
+    (root / "photo.xyz").write_bytes(b"??")
+    (root / ".hidden.md").write_text("never read")
+    return root
+
+
+@pytest.fixture(scope="module")
+def files_index(folder, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("idx") / "files"
+    build_index(Settings(data_dir=folder, index_dir=target, device="cpu"), progress=False)
+    return target
+
+
+def test_a_folder_reads_every_format_and_names_what_it_skipped(folder):
+    corpus = read_folder(folder, progress=False)
+    assert {d["document_id"] for d in corpus.documents} == {
+        "report.pdf",
+        "guides/statins.docx",
+        "guides/rice.html",
+        "notes.md",
+        "guides/notes.md",
+    }
+    skipped = dict(corpus.skipped)
+    assert set(skipped) == {"broken.pdf", "binary.txt", "empty.md", "photo.xyz"}
+    assert "PDF" in skipped["broken.pdf"] and "binary" in skipped["binary.txt"]
+    assert "no text" in skipped["empty.md"] and "unknown file type" in skipped["photo.xyz"]
+    docs = {d["document_id"]: d for d in corpus.documents}
+    assert docs["report.pdf"]["metadata"] == {"document_type": "pdf", "date": "2021-01-02"}
+    assert [c["metadata"]["page"] for c in docs["report.pdf"]["chunks"]] == [1, 2]
+    assert docs["guides/statins.docx"]["metadata"] == {"document_type": "docx", "date": "2022-03-04"}
+    assert docs["guides/rice.html"]["metadata"]["date"] == "2023-02-10"
+    html = " ".join(c["content"] for c in docs["guides/rice.html"]["chunks"])
+    assert "tracking" not in html and "Home" not in html  # scripts and navigation left out
+    assert [c["metadata"].get("section") for c in docs["guides/rice.html"]["chunks"]] == ["Arsenic", "Children"]
+    assert docs["notes.md"]["metadata"] == {"document_type": "markdown", "date": "2024-05-01"}
+
+
+def test_search_finds_the_file_and_page_and_filters_by_type_and_date(files_index):
+    engine = HybridEngine(Settings(index_dir=files_index, device="cpu"))
+    top = engine.search("do vitamin D supplements prevent falls in the elderly?", 3)
+    assert top[0].document_id == "report.pdf" and top[0].metadata["page"] == 2
+    recent = Filters(date_range=("2022-01-01", None))
+    assert {h.document_id for h in engine.search("rice arsenic statins soy", 10, recent)} <= {
+        "guides/statins.docx",
+        "guides/rice.html",
+        "notes.md",
+    }
+    only_html = engine.search("arsenic", 5, Filters(document_types=["html"]))
+    assert only_html and all(h.document_id == "guides/rice.html" for h in only_html)
+
+
+def test_without_judgments_rrf_serves_and_similarity_falls_down_the_list(files_index, reranker_dir):
+    engine = HybridEngine(Settings(index_dir=files_index, device="cpu"))
+    described = engine.describe()
+    assert described["stages"] == ["bm25", "dense", "fusion"] and described["fusion"] == "rrf"
+    assert "not a probability" in described["similarity_score"]
+    scores = [h.similarity_score for h in engine.search("rice cereal for children", 6)]
+    assert all(0 <= s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
+    reranked = HybridEngine(Settings(index_dir=files_index, device="cpu", reranker=reranker_dir))
+    assert reranked.describe()["stages"][-1] == "rerank"
+    assert len(reranked.search("statins and cholesterol", 3)) == 3
+
+
+def test_init_then_ingest_then_search_from_the_command_line(folder, tmp_path):
+    index = tmp_path / "mine"
+    run = lambda *args: subprocess.run(CLI + list(args), cwd=ROOT, capture_output=True, text=True)  # noqa: E731
+    made = run("init", "--index-dir", str(index), "--device", "cpu")
+    assert made.returncode == 0 and (index / "manifest.json").is_file(), made.stderr
+    empty = run("search", "anything", "--index-dir", str(index), "--json", "--device", "cpu")
+    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+    again = run("init", "--index-dir", str(index))
+    assert again.returncode == 2 and "already holds an index" in again.stderr
+    added = run("ingest", str(folder / "report.pdf"), str(folder / "broken.pdf"), "--index-dir", str(index))
+    assert added.returncode == 1 and "broken.pdf" in added.stderr and "added 1 documents (2 chunks)" in added.stdout
+    found = run("search", "vitamin D and falls", "--index-dir", str(index), "--json", "--top-k", "1", "--device", "cpu")
+    assert json.loads(found.stdout)[0]["metadata"]["page"] == 2
+
+
+def test_a_folder_of_unreadable_files_builds_nothing(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.pdf").write_bytes(b"not a pdf")
+    with pytest.raises(ValueError, match="no file could be read"):
+        build_index(Settings(data_dir=tmp_path / "data", index_dir=tmp_path / "idx", device="cpu"), progress=False)
+    assert not (tmp_path / "idx").exists()
