@@ -69,7 +69,7 @@ def build_index(
         device = pick_device(settings.device)
         encoder = load_encoder(settings.encoder, device)
         if not texts:
-            vectors = np.zeros((0, encoder.get_sentence_embedding_dimension()), dtype=np.float32)
+            vectors = np.zeros((0, encoder.get_embedding_dimension()), dtype=np.float32)
         elif on_ray:
             from index_build.ray_encode import encode_on_ray
 

@@ -158,3 +158,24 @@ def test_a_folder_of_unreadable_files_builds_nothing(tmp_path):
     with pytest.raises(ValueError, match="no file could be read"):
         build_index(Settings(data_dir=tmp_path / "data", index_dir=tmp_path / "idx", device="cpu"), progress=False)
     assert not (tmp_path / "idx").exists()
+
+
+def test_a_rag_turn_over_the_files_cites_the_right_file_and_page(files_index, tmp_path):
+    import httpx
+
+    from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+
+    port = free_port()
+    server = start_server(serve_args(files_index, port), f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+    try:
+        health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+        assert health["stages"] == ["bm25", "dense", "fusion"] and "not a probability" in health["similarity_score"]
+        question = {"question": "Do vitamin D supplements prevent falls in the elderly?", "top_k": 3}
+        turn = httpx.post(f"http://127.0.0.1:{port}/v1/rag", json=question, timeout=60).json()
+        retrieved = turn["messages"][1]["payload"]["retrieved_chunks"]
+        answer = turn["messages"][3]["payload"]
+        assert answer["source_documents"][0] == "report.pdf"
+        first = next(c for c in retrieved if c["source_document"] == "report.pdf")
+        assert first["metadata"]["page"] == 2 and "falls" in first["content"]
+    finally:
+        assert stop_server(server) == 0
