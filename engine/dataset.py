@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +62,7 @@ class Dataset:
             if not path.is_file():
                 have = ", ".join(self.splits()) or "none"
                 raise DatasetError(f"{path}: no judgments for split {split!r} (present: {have})")
-            self._qrels[split] = _read_qrels(path, self.corpus, self.queries)
+            self._qrels[split] = read_qrels(path, self.corpus, self.queries)
         return self._qrels[split]
 
     def split_queries(self, split: str) -> dict[str, str]:
@@ -124,7 +124,8 @@ def read_jsonl(path: Path, what: str) -> Iterator[dict]:
         raise DatasetError(f"{path}: no {what} found")
 
 
-def _read_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str]) -> Qrels:
+def read_qrels(path: Path, corpus: Mapping[str, object], queries: Mapping[str, str]) -> Qrels:
+    """``query-id<TAB>doc-id<TAB>grade`` lines (a header allowed), every id known."""
     qrels: Qrels = {}
     with open(path, encoding="utf-8", newline=None) as fh:
         for lineno, line in enumerate(fh, start=1):

@@ -12,7 +12,18 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.dataset import Dataset, beir_document, fingerprint, load_dataset
+from engine.dataset import (
+    Dataset,
+    DatasetError,
+    Document,
+    beir_document,
+    fingerprint,
+    load_dataset,
+    read_jsonl,
+    read_qrels,
+)
+from engine.docstore import DocStore
+from engine.index_dir import DOCS_FILE
 from engine.progress import track
 from index_build.ingest import IngestError, read_documents
 
@@ -90,3 +101,29 @@ def read_folder(root: Path, chunk_words: int = 200, overlap_words: int = 40, pro
         digest.update(name.encode() + b"\0" + path.read_bytes())
         bar.note(chunks=sum(len(d["chunks"]) for d in documents))
     return Corpus(root, documents, digest.hexdigest(), files=len(paths), skipped=skipped)
+
+
+def index_dataset(index_dir: Path, judgments: Path) -> Dataset:
+    """Judgments for an index built from files: ``judgments`` holds ``queries.jsonl`` and
+    ``qrels/<split>.tsv`` (BEIR's formats, no corpus); a judged id is a chunk's (``notes.md#c2``) or a
+    document's, whose grade then holds for each of its chunks. The index's chunks are the corpus."""
+    store = DocStore(Path(index_dir) / DOCS_FILE)
+    try:
+        chunks = store.chunks(store.unit_ids_by_row().values())
+    finally:
+        store.close()
+    corpus = {unit: Document(unit, chunk.title, chunk.text) for unit, chunk in chunks.items()}
+    units_of: dict[str, list[str]] = {}
+    for unit, chunk in chunks.items():
+        units_of.setdefault(chunk.document_id, []).append(unit)
+    queries = {obj["_id"]: obj["text"] for obj in read_jsonl(Path(judgments) / "queries.jsonl", what="query")}
+    dataset = Dataset(Path(judgments), corpus, queries)
+    for path in sorted((Path(judgments) / "qrels").glob("*.tsv")):
+        judged = read_qrels(path, {**corpus, **dict.fromkeys(units_of)}, queries)
+        dataset._qrels[path.stem] = {
+            query: {unit: grade for doc, grade in docs.items() for unit in units_of.get(doc, [doc])}
+            for query, docs in judged.items()
+        }
+    if not dataset._qrels:
+        raise DatasetError(f"{judgments}/qrels: no <split>.tsv judgments found")
+    return dataset

@@ -49,6 +49,16 @@ def _paths(p: argparse.ArgumentParser, data: bool = False) -> None:
         )
 
 
+def _judgments_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--judgments",
+        type=Path,
+        metavar="DIR",
+        help="for an index built from files: DIR/queries.jsonl and DIR/qrels/train.tsv (dev.tsv to choose"
+        " checkpoints), judging the index's document ids (notes.md) or chunk ids (notes.md#c2)",
+    )
+
+
 def _device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where models run (default auto: CUDA if present)")
 
@@ -203,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _paths(p, data=True)
+    _judgments_option(p)
     p.add_argument(
         "--base", help="model to start from (default: the teacher when distilling, else the offline all-MiniLM-L6-v2)"
     )
@@ -273,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         " the card compares it with RRF on dev. About 3 minutes on NFCorpus on 2 CPU cores.",
     )
     _paths(p, data=True)
+    _judgments_option(p)
     p.add_argument("--queries", type=int, help="sample this many training queries (default all)")
     p.add_argument("--seed", type=int, default=0)
     _device(p)

@@ -162,7 +162,7 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
         distil_weight=args.distil_weight,
         student_layers=args.student_layers,
     )
-    card = train(settings, options)
+    card = train(settings, options, dataset=_judgments(settings, args))
     console.print_json(json.dumps(card))
     return 0
 
@@ -170,9 +170,19 @@ def train_reranker(settings: Settings, args: argparse.Namespace) -> int:
 def train_fusion(settings: Settings, args: argparse.Namespace) -> int:
     from index_build.train_fusion import train_fusion as train
 
-    card = train(settings, queries=args.queries, seed=args.seed)
+    card = train(settings, _judgments(settings, args), queries=args.queries, seed=args.seed)
     console.print_json(json.dumps(card))
     return 0
+
+
+def _judgments(settings: Settings, args: argparse.Namespace):
+    """``--judgments DIR`` for an index built from files (its chunks are the corpus), else None: the
+    BEIR dataset in --data."""
+    if args.judgments is None:
+        return None
+    from index_build.corpus import index_dataset
+
+    return index_dataset(settings.index_dir, args.judgments)
 
 
 def serve(settings: Settings, args: argparse.Namespace) -> int:

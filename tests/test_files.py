@@ -179,3 +179,43 @@ def test_a_rag_turn_over_the_files_cites_the_right_file_and_page(files_index, tm
         assert first["metadata"]["page"] == 2 and "falls" in first["content"]
     finally:
         assert stop_server(server) == 0
+
+
+def test_judgments_can_come_later_for_an_index_built_from_files(files_index, tmp_path):
+    """Queries judged against document ids and chunk ids train a learned fusion on the files' index."""
+    import shutil
+
+    from engine.dataset import DatasetError
+    from index_build.corpus import index_dataset
+    from index_build.train_fusion import train_fusion
+
+    index = tmp_path / "index"
+    shutil.copytree(files_index, index)
+    judged = tmp_path / "judgments"
+    (judged / "qrels").mkdir(parents=True)
+    asks = {
+        "report.pdf#c2": ["vitamin D and falls", "supplements for elderly falls", "do falls drop with vitamin D"],
+        "guides/rice.html": ["arsenic in rice", "is brown rice safe", "rice cereal for infants"],
+        "guides/statins.docx": ["statins and cholesterol", "statins breast cancer", "cholesterol drugs"],
+        "notes.md": ["is soy safe", "soy foods for adults", "plant estrogens in soy"],
+    }
+    queries = [
+        (f"q{i}-{j}", text, target) for i, (target, texts) in enumerate(asks.items()) for j, text in enumerate(texts)
+    ]
+    (judged / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in queries))
+    (judged / "qrels" / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{target}\t1\n" for q, _, target in queries)
+    )
+    dataset = index_dataset(index, judged)
+    assert set(dataset.qrels("train")["q1-0"]) == {
+        "guides/rice.html#c1",
+        "guides/rice.html#c2",
+    }  # a document: its chunks
+    assert set(dataset.qrels("train")["q0-0"]) == {"report.pdf#c2"}
+    card = train_fusion(Settings(index_dir=index, device="cpu"), dataset, progress=False)
+    assert card["train_queries"] == len(queries)
+    assert HybridEngine(Settings(index_dir=index, device="cpu")).describe()["fusion"].startswith("learned")
+
+    (judged / "qrels" / "train.tsv").write_text("q0-0\tnot-in-the-index.pdf\t1\n")
+    with pytest.raises(DatasetError, match="unknown document id 'not-in-the-index.pdf'"):
+        index_dataset(index, judged)
