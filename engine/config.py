@@ -194,9 +194,8 @@ class Settings(BaseSettings):
         return sources
 
     def rerank_depth_for(self, device: str) -> int:
-        """On a CPU the cross-encoder is the cost: the trained MiniLM at 128 tokens takes ~19 ms a pair
-        on ONNX Runtime (2 cores), so 10 pairs (the best depth on dev too) keep a query near 0.3 s;
-        a GPU scores 100 pairs in milliseconds."""
+        """On a CPU the cross-encoder is the cost: the top 20 at 96 tokens (the README's CPU table)
+        keep a query near 0.3 s with the trained reranker; a GPU scores 100 pairs in milliseconds."""
         return self.rerank_depth or (CUDA_RERANK_DEPTH if device == "cuda" else CPU_RERANK_DEPTH)
 
     def rerank_batch_for(self, device: str) -> int:

@@ -86,9 +86,7 @@ class SearchRequest:
 class SearchService:
     """One loaded engine shared by all requests; CPU and GPU work runs off the event loop."""
 
-    def __init__(
-        self, settings: Settings, engine: HybridEngine | None = None, workers: int = 4, writable: bool = False
-    ) -> None:
+    def __init__(self, settings: Settings, engine: HybridEngine | None = None, writable: bool = False) -> None:
         self.settings = settings
         started = time.perf_counter()
         self._owns_engine = engine is None
@@ -98,7 +96,9 @@ class SearchService:
         self.router = build_router(self.engine, traces, responder, settings.query_timeout_s)
         self.solver = Solver(self.engine, responder)
         self.load_seconds = time.perf_counter() - started
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="search")
+        # one thread for each request admission lets in: fewer, and admitted requests would queue
+        # where admission cannot see them, spending their query timeout
+        self._pool = ThreadPoolExecutor(max_workers=settings.max_in_flight, thread_name_prefix="search")
         self.registry = CollectorRegistry()
         self.requests = Counter("search_requests", "Searches by front door", ["door"], registry=self.registry)
         self.errors = Counter("search_errors", "Failed searches by kind", ["door", "kind"], registry=self.registry)

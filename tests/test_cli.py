@@ -57,7 +57,7 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
     [
         (["search", "x", "--top-k", "0"], "--top-k must be between 1 and 100"),
         (["search", "x", "--index-dir", "/nonexistent/idx"], "no index directory here"),
-        (["build", "--data", "/nonexistent/data", "--index-dir", "/tmp/never"], "dataset folder not found"),
+        (["build", "--data", "/nonexistent/data", "--index-dir", "/tmp/never"], "/nonexistent/data: no such folder"),
         (["evaluate", "--split", "test"], "no judgments for split 'test'"),
         (["search", "x", "--rrf-k", "-1"], "invalid settings: rrf_k"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
