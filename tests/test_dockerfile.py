@@ -56,13 +56,17 @@ def _installed_files() -> list[str]:
     for path in tracked:
         folder, name = path.rsplit("/", 1) if "/" in path else ("", path)
         package = folder.replace("/", ".")
-        if package in packages and (name.endswith(".py") or any(fnmatch.fnmatch(name, g) for g in data.get(package, []))):
+        if package in packages and (
+            name.endswith(".py") or any(fnmatch.fnmatch(name, g) for g in data.get(package, []))
+        ):
             files.append(path)
     return files
 
 
 def test_every_installed_package_is_copied_into_the_image():
-    copied = [src for line in _instruction("COPY", _stages()[0]) for src in line.split()[:-1] if not src.startswith("--")]
+    copied = [
+        src for line in _instruction("COPY", _stages()[0]) for src in line.split()[:-1] if not src.startswith("--")
+    ]
     files = _installed_files()
     tops = sorted({f.split("/")[0] for f in files})
     assert {"engine", "index_build", "agents", "serving", "benchmarks"} <= set(tops)
@@ -75,8 +79,15 @@ def test_every_installed_package_is_copied_into_the_image():
 
 
 def test_dockerignore_keeps_out_what_the_image_must_not_hold():
-    for path in ("indexes/nfcorpus/manifest.json", ".venv/bin/python", ".git/HEAD", "tests/test_cli.py",
-                 "benchmarks/results/container.json", "engine/__pycache__/pipeline.cpython-312.pyc", ".gpukit/x"):
+    for path in (
+        "indexes/nfcorpus/manifest.json",
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/test_cli.py",
+        "benchmarks/results/container.json",
+        "engine/__pycache__/pipeline.cpython-312.pyc",
+        ".gpukit/x",
+    ):
         assert _ignored(path), path
 
 
@@ -101,7 +112,7 @@ def test_final_stage_is_non_root_without_build_tools():
     assert not re.search(r"\b[\w.+]+-dev\b", installs)
     assert "rm -rf /var/lib/apt/lists" in installs and "pip uninstall -y pip" in " ".join(_instruction("RUN", build))
     assert _instruction("USER", final) == ["search"] and "--uid 10001" in installs
-    assert _instruction("VOLUME", final) == ['["/data/index"]']
+    assert _instruction("VOLUME", final) == ['["/data/indexes"]']
 
 
 def test_ports_healthcheck_and_entrypoint_match_the_cli():
@@ -121,13 +132,16 @@ def test_environment_names_real_settings():
 
     names = re.findall(r"HYBRID_SEARCH_([A-Z_]+)=", DOCKERFILE + (ROOT / "compose.yaml").read_text())
     assert names and all(n.lower() in Settings.model_fields for n in names)
-    assert "HYBRID_SEARCH_DATA_DIR=/data/dataset" in DOCKERFILE and "HYBRID_SEARCH_INDEX_DIR=/data/index" in DOCKERFILE
+    assert (
+        "HYBRID_SEARCH_DATA_DIR=/data/dataset" in DOCKERFILE
+        and "HYBRID_SEARCH_INDEX_DIR=/data/indexes/nfcorpus" in DOCKERFILE
+    )
 
 
 def test_compose_runs_the_spec_scenario():
     service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["hybrid-search"]
     assert service["build"]["dockerfile"] == "Dockerfile.cuda"
     assert {p.split(":")[-1] for p in service["ports"]} == {"8000", "9010"}
-    assert "index:/data/index" in service["volumes"]
+    assert "index:/data/indexes" in service["volumes"]
     assert any(v.endswith(":/data/dataset:ro") for v in service["volumes"])
     assert "HYBRID_SEARCH_PUBLIC_URL" in service["environment"]
