@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     mcp_port: int = Field(8000, ge=0, le=65535, description="MCP + REST port")
     a2a_port: int = Field(9010, ge=0, le=65535, description="A2A purple agent port")
     public_url: str | None = Field(None, description="A2A URL advertised in the agent card")
+    tls_cert: Path | None = Field(None, description="PEM certificate (chain): every door serves HTTPS")
+    tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
+    tls_client_ca: Path | None = Field(None, description="PEM CA bundle: clients must present a certificate it signed")
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(4000, ge=1)
     max_in_flight: int = Field(
@@ -172,7 +175,17 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "reranker", "public_url", "memory_split", "agent_keys", "llm_url", "llm_api_key", "ray_address", mode="before"
+        "reranker",
+        "public_url",
+        "memory_split",
+        "agent_keys",
+        "llm_url",
+        "llm_api_key",
+        "ray_address",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:

@@ -20,6 +20,7 @@ from serving.mcp_tool import build_mcp_server
 from serving.protocol_routes import hash_key, load_keys
 from serving.replies import json_http_errors
 from serving.search_service import SearchService
+from serving.tls import scheme, tls_options
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def build_apps(
         mcp_app = server.streamable_http_app(host=settings.host, stateless_http=stateless)
         apps["mcp"] = (json_http_errors(mcp_app), settings.mcp_port)
     if a2a:
-        url = settings.public_url or f"http://{_display_host(settings.host)}:{settings.a2a_port}/"
+        url = settings.public_url or f"{scheme(settings)}://{_display_host(settings.host)}:{settings.a2a_port}/"
         search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
         apps["a2a"] = (
             build_a2a_app(
@@ -133,13 +134,18 @@ def run_servers(
 ) -> None:
     """Serve until Ctrl-C or SIGTERM; uvicorn drains open requests, then a writable index is
     checkpointed before the process exits."""
+    tls = tls_options(settings)  # bad TLS files stop here, before the engine loads
     service, apps = build_apps(settings, mcp, a2a, mcp_url, writable)
     servers = [
-        _Server(uvicorn.Config(RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False))
+        _Server(
+            uvicorn.Config(
+                RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False, **tls
+            )
+        )
         for door, (app, port) in apps.items()
     ]
     for door, (_, port) in apps.items():
-        log.info("%s listening on http://%s:%d", door, _display_host(settings.host), port)
+        log.info("%s listening on %s://%s:%d", door, scheme(settings), _display_host(settings.host), port)
     try:
         asyncio.run(_serve_all(servers))
     finally:

@@ -298,7 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mcp", action="store_true", help="serve only the A2A agent")
     p.add_argument("--no-a2a", action="store_true", help="serve only MCP + REST")
     p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
-    p.add_argument("--public-url", help="A2A URL advertised in the agent card (default http://HOST:PORT)")
+    p.add_argument("--public-url", help="A2A URL advertised in the agent card (default http(s)://HOST:PORT)")
+    g = p.add_argument_group("TLS (every door: REST, MCP, /v1 and A2A)")
+    g.add_argument("--tls-cert", type=Path, metavar="PEM", help="certificate (chain): serve HTTPS")
+    g.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+    g.add_argument("--tls-client-ca", type=Path, metavar="PEM", help="require client certificates signed by this CA")
     p.add_argument(
         "--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)"
     )

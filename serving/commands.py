@@ -192,6 +192,8 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
     if args.ray and (args.no_mcp or args.no_a2a or args.mcp_url):
         raise ValueError("--ray serves MCP + REST and A2A on one port; leave out --no-mcp, --no-a2a and --mcp-url")
+    if args.ray and settings.tls_cert is not None:
+        raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
     if args.build_if_missing and not (Path(settings.index_dir) / MANIFEST_FILE).is_file():
         build(settings, args)
     if args.ray:
