@@ -212,6 +212,8 @@ def build_context(work: Path, worktree: bool) -> Path:
     context.mkdir()
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(context)], input=archive, check=True)
+    for path in [context, *context.rglob("*")]:  # one fixed time: buildah's COPY cache reads mtimes
+        os.utime(path, (946684800, 946684800), follow_symlinks=False)
     return context
 
 

@@ -35,7 +35,7 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
         f" encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {fusion},"
         f" {time.perf_counter() - started:.0f} s"
     )
-    if args.distil_from:
+    if getattr(args, "distil_from", None):  # serve --build-if-missing has no --distil-from
         from index_build.train_reranker import STUDENT_MAX_LENGTH, student_options, train
 
         card = train(

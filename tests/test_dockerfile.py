@@ -8,6 +8,7 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 from setuptools import find_namespace_packages
@@ -145,3 +146,20 @@ def test_compose_runs_the_spec_scenario():
     assert "index:/data/indexes" in service["volumes"]
     assert any(v.endswith(":/data/dataset:ro") for v in service["volumes"])
     assert "HYBRID_SEARCH_PUBLIC_URL" in service["environment"]
+
+
+def test_the_containers_command_reaches_the_index_build(monkeypatch, tmp_path):
+    """``serve --build-if-missing`` runs ``build`` with serve's arguments (it once read build-only ones)."""
+    import index_build.builder
+    import index_build.corpus
+    from engine.config import Settings
+    from serving import commands
+
+    built = []
+    corpus = SimpleNamespace(skipped=[], files=1, chunks=1, dataset=object())
+    manifest = SimpleNamespace(documents=1, encoder="e", dimension=1, dense_index="flat")
+    monkeypatch.setattr(index_build.corpus, "open_corpus", lambda *a, **k: corpus)
+    monkeypatch.setattr(index_build.builder, "build_index", lambda *a, **k: built.append(a) or manifest)
+    args = build_parser().parse_args(json.loads(_instruction("CMD", _stages()[-1])[0]))
+    assert commands.build(Settings(index_dir=tmp_path / "index", data_dir=tmp_path), args) == 0 and built
+    assert "mkdir -p /data/dataset" not in DOCKERFILE and "/data/dataset" not in " ".join(_instruction("RUN"))
