@@ -70,7 +70,8 @@ class Solver:
         history = compress([t.model_dump() for t in request.history], self.engine.dense.encoder, self.keep_last)
         previous = next((t["content"] for t in reversed(history.turns) if t["role"] == "user"), None)
         query = f"{previous} {request.task}" if previous else request.task
-        hits = self.engine.search(query[-4000:], self.top_k)  # the task whole, the history's end before it
+        longest = self.engine.settings.max_query_chars  # the task whole, the history's end before it
+        hits = self.engine.search(query[-longest:], self.top_k)
         sources = [Source(h.text, h.document_id, h.similarity_score) for h in hits]
         if request.context:
             sources.append(Source(request.context, "context"))
