@@ -381,7 +381,7 @@ def mcp_check(mcp_url: str, check: Check, name: str = "MCP client, search_nfcorp
 
     async def call():
         async with Client(mcp_url) as client:
-            tools = [t.name for t in await client.list_tools()]
+            tools = [t.name for t in (await client.list_tools()).tools]
             result = await client.call_tool("search_nfcorpus", {"query": "does vitamin D prevent falls?", "top_k": 3})
             return tools, result.structured_content
 
@@ -586,11 +586,14 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             again = podman("exec", name, "cat", "/data/indexes/nfcorpus/manifest.json", check=False).stdout
             restart_logs = podman("logs", name, check=False)  # both starts
-            builds = (restart_logs.stdout + restart_logs.stderr).count("built /data/indexes/nfcorpus")
+            builds = (restart_logs.stdout + restart_logs.stderr).count("BM25 index: done")  # the build's log
+            built_at = [json.loads(m or "{}").get("built_at") for m in (manifest, again)]
             check.record(
                 "restart: index volume reused, no rebuild",
-                bool(again) and again == manifest and builds == 1,
+                built_at[0] is not None and built_at[0] == built_at[1] and builds == 1,
                 seconds=round(seconds, 1),
+                built_at=built_at[1],
+                index_builds_logged=builds,
             )
             read_back(mcp, doc_id, check, "restart: written document still there")
         podman("stop", "-t", "60", name, check=False)
