@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from engine.documents import NON_BLANK, DocumentIn, Filters
+from engine.documents import DocumentIn, Query, SearchRequest
 
 AgentId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
 
@@ -49,13 +49,10 @@ class DocumentIngestion(DocumentIn):
     total_chunks: int = Field(ge=1, description="must equal the chunks sent: a document arrives whole")
 
 
-class RetrievalRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RetrievalRequest(SearchRequest):
+    """RETRIEVAL_REQUEST: a search as every door takes it, with no key the search does not read."""
 
-    query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000, pattern=NON_BLANK)]
-    top_k: int = Field(5, ge=1, le=100)
-    similarity_threshold: float | None = Field(None, ge=0, le=1)
-    filters: Filters | None = None
+    model_config = ConfigDict(extra="forbid")
 
 
 class RetrievedChunk(BaseModel):
@@ -95,7 +92,7 @@ class GenerationParams(BaseModel):
 class ResponseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    user_query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+    user_query: Query
     context_chunks: list[ContextChunk] = Field(default_factory=list)
     conversation_history: list[Turn] = Field(default_factory=list)
     generation_params: GenerationParams = Field(default_factory=GenerationParams)

@@ -18,7 +18,7 @@ from agents.history import compress
 from agents.messages import Turn
 from agents.policy import PolicyDoc, evaluate
 from agents.responder import ExtractiveResponder, Question, Source
-from engine.documents import NON_BLANK
+from engine.documents import Query
 
 AGENT_NAME = "hybrid-search purple agent"
 VERSION = "0.2.0"
@@ -28,7 +28,7 @@ class SolverRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task_id: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-    task: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000, pattern=NON_BLANK)]
+    task: Query
     policy_doc: PolicyDoc = Field(default_factory=PolicyDoc)
     history: list[Turn] = Field(default_factory=list, max_length=500)
     expected_format: Format = "list"

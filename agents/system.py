@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
-from agents.messages import Message
+from typing import Annotated
+
+from pydantic import BaseModel, Field, StringConstraints
+
+from agents.messages import Message, Turn
 from agents.router import Router
 from agents.traces import TraceStore
+from engine.documents import Filters, Query, TopK
 
 SYSTEM_ID = "System"
 
 
-async def rag_turn(
-    router: Router,
-    question: str,
-    conversation_id: str | None = None,
-    history: list[dict] | None = None,
-    top_k: int = 5,
-    filters: dict | None = None,
-) -> dict:
+class RagRequest(BaseModel):
+    """One RAG turn as ``POST /v1/rag`` takes it."""
+
+    question: Query = Field(description="the user's question")
+    top_k: TopK = Field(5, description="chunks to retrieve as context")
+    conversation_id: Annotated[str, StringConstraints(max_length=200)] | None = Field(
+        None, description="continue this conversation (its messages share this id); default: a new one"
+    )
+    conversation_history: list[Turn] = Field(default_factory=list, description="earlier turns, oldest first")
+    filters: Filters | None = None
+
+
+async def rag_turn(router: Router, request: RagRequest) -> dict:
     """RETRIEVAL_REQUEST → RETRIEVAL_RESULT → RESPONSE_REQUEST → RESPONSE_RESULT; returns every
     message of the turn (or the error that stopped it) and the trace ids they share."""
-    conversation = conversation_id or router.traces.new_trace_id("RAG")
+    question, history = request.question, [turn.model_dump() for turn in request.conversation_history]
+    conversation = request.conversation_id or router.traces.new_trace_id("RAG")
     meta = {"conversation_id": conversation}
-    retrieval_request = {"query": question, "top_k": top_k, **({"filters": filters} if filters else {})}
+    retrieval_request = {"query": question, "top_k": request.top_k}
+    if request.filters is not None:
+        retrieval_request["filters"] = request.filters.model_dump(mode="json", exclude_none=True)
     retrieval = Message(
         type="RETRIEVAL_REQUEST", sender=SYSTEM_ID, receiver="RetrievalAgent", payload=retrieval_request, metadata=meta
     )
@@ -37,7 +50,7 @@ async def rag_turn(
             sender=SYSTEM_ID,
             receiver="LLMResponseAgent",
             metadata=meta,
-            payload={"user_query": question, "context_chunks": context, "conversation_history": history or []},
+            payload={"user_query": question, "context_chunks": context, "conversation_history": history},
         )
         messages += [ask, await router.send(ask)]
     return {"conversation_id": conversation, "messages": [m.model_dump(mode="json") for m in messages]}

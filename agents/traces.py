@@ -13,7 +13,6 @@ import logging
 import re
 import sqlite3
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -169,7 +168,3 @@ class TraceStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-def now_ms() -> float:
-    return time.perf_counter() * 1000

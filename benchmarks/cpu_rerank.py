@@ -29,12 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.latency import _http_load, machine, machine_name
+from agents.door_load import door_load
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from engine import threads
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
+from engine.latency import machine, machine_name
 from engine.pair_cache import PairCache
 from engine.pipeline import HybridEngine
 from engine.progress import track
@@ -133,9 +134,9 @@ def end_to_end(variant: Variant, args: argparse.Namespace, texts: list[str]) -> 
     try:
         url = f"http://127.0.0.1:{a2a_port}/"
         wait_until_up(url)
-        asyncio.run(_http_load("a2a", url, texts[:3], 1, 5, 60))  # warm-up
-        one = asyncio.run(_http_load("a2a", url, texts, 1, 5, 60))
-        four = asyncio.run(_http_load("a2a", url, texts, 4, 5, 60))
+        asyncio.run(door_load("a2a", url, texts[:3], 1, 5, 60))  # warm-up
+        one = asyncio.run(door_load("a2a", url, texts, 1, 5, 60))
+        four = asyncio.run(door_load("a2a", url, texts, 4, 5, 60))
         if one["errors"] or four["errors"]:
             raise RuntimeError(f"{variant.name}: {one['errors'] + four['errors']} A2A requests failed; see {log}")
         return {

@@ -34,8 +34,7 @@ def main() -> None:
     dense = {q: [d for d, _ in engine.dense.search(vectors[q], 100)] for q in queries}
     rows = []
     for neighbors in (5, 10, 15, 20):
-        engine.memory.neighbors = neighbors
-        memory = {q: [d for d, _ in engine.memory.search(vectors[q], 100)] for q in queries}
+        memory = {q: [d for d, _ in engine.memory.search(vectors[q], 100, neighbors=neighbors)] for q in queries}
         for k, w_bm25, w_dense, w_memory in itertools.product(
             (10, 30, 60, 100), (0.5, 1.0), (0.5, 1.0), (1.0, 1.5, 2.0)
         ):

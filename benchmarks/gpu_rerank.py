@@ -26,16 +26,15 @@ PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0}  # dense bf16/fp16 tensor peak (SXM
 def _pairs(queries: int, depth: int) -> list[tuple[str, list[tuple[str, str]]]]:
     from engine.config import Settings
     from engine.dataset import load_dataset
-    from engine.pipeline import HybridEngine
+    from engine.pipeline import HybridEngine, SearchOptions
 
     settings = Settings()
     engine = HybridEngine(settings)
-    reranker = engine.reranker
-    engine.reranker = None
-    context = reranker.memory_context if reranker is not None else 0
+    context = engine.reranker.memory_context if engine.reranker is not None else 0
+    fused = SearchOptions(rerank_depth=0)
     out = []
     for query in list(load_dataset(settings.data_dir).split_queries("dev").values())[:queries]:
-        ids = [h.doc_id for h in engine.search(query, depth)]
+        ids = [h.doc_id for h in engine.search(query, depth, options=fused)]
         out.append((query, [(query, p) for p in engine.rerank_passages(query, ids, context)]))
     return out
 

@@ -22,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.latency import machine, machine_name, percentiles
 from engine.config import Settings
 from engine.documents import DocumentIn, Filters
+from engine.latency import machine, machine_name, percentiles
 
 
 def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:

@@ -20,11 +20,11 @@ from pathlib import Path
 import httpx
 
 from agents.messages import Message
-from agents.system import build_responder, build_router, rag_turn
+from agents.system import RagRequest, build_responder, build_router, rag_turn
 from agents.traces import TraceStore
-from benchmarks.latency import machine, machine_name, percentiles
 from engine.config import Settings
 from engine.dataset import load_dataset
+from engine.latency import machine, machine_name, percentiles
 from engine.pipeline import HybridEngine
 
 
@@ -50,7 +50,7 @@ def in_process(queries: list[str]) -> dict:
                 t2 = time.perf_counter()
                 direct.append(t1 - t0)
                 routed.append(t2 - t1)
-                turn = await rag_turn(router, query, top_k=5)
+                turn = await rag_turn(router, RagRequest(question=query, top_k=5))
                 legs["turn"].append(time.perf_counter() - t2)
                 stored = router.traces.trace(turn["conversation_id"])
                 legs["retrieval"].append(stored[1]["duration_ms"] / 1000)

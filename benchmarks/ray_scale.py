@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.latency import machine, machine_name, percentiles
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
 from engine.config import Settings
 from engine.dataset import load_dataset
+from engine.latency import machine, machine_name, percentiles
 
 SEARCH = "/search_nfcorpus"
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.latency import machine, machine_name, percentiles
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.dense import build_faiss, encode
 from engine.index_dir import DENSE_FILE
+from engine.latency import machine, machine_name, percentiles
 from engine.models import load_encoder
 
 HNSW_LIMIT = 200_000  # HNSW over 1M vectors takes many minutes to build on 2 cores: opt in with --hnsw-limit

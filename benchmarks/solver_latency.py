@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.latency import machine, machine_name, percentiles
 from engine.config import Settings
 from engine.dataset import load_dataset
+from engine.latency import machine, machine_name, percentiles
 
 POLICY = {"rules": [{"id": "r1", "type": "deny", "keywords": ["dose", "dosage"], "pattern": r"mg\s*/\s*day"}]}
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.latency import machine, percentiles
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+from engine.latency import machine, percentiles
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

@@ -8,17 +8,21 @@ Values come, lowest priority first, from the defaults below, a TOML file named b
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from engine.documents import MAX_QUERY_CHARS
+
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 CUDA_RERANK_DEPTH = 100
 CUDA_RERANK_BATCH, CPU_RERANK_BATCH = 128, 32
 CPU_RERANK_DEPTH = 20
 CPU_RERANK_MAX_LENGTH = 96
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("config_file", default=None)  # what Settings.load was given
 
 
 class Settings(BaseSettings):
@@ -138,7 +142,7 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle: clients must present a certificate it signed")
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
-    max_query_chars: int = Field(4000, ge=1)
+    max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1)
     max_in_flight: int = Field(
         4, ge=1, description="requests doing engine work at once per process (searches, answers, writes); more wait"
     )
@@ -200,11 +204,21 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = os.environ.get("HYBRID_SEARCH_CONFIG")
+        toml_file = _CONFIG_FILE.get() or os.environ.get("HYBRID_SEARCH_CONFIG")
         sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
         if toml_file:
             sources += (TomlConfigSettingsSource(settings_cls, toml_file=toml_file),)
         return sources
+
+    @classmethod
+    def load(cls, config: Path | None = None, **overrides: object) -> Settings:
+        """``overrides`` (the flags) over ``HYBRID_SEARCH_*`` over the TOML file ``config`` (default:
+        the one ``HYBRID_SEARCH_CONFIG`` names)."""
+        token = _CONFIG_FILE.set(config)
+        try:
+            return cls(**overrides)
+        finally:
+            _CONFIG_FILE.reset(token)
 
     def rerank_depth_for(self, device: str) -> int:
         """On a CPU the cross-encoder is the cost: the top 20 at 96 tokens (the README's CPU table)

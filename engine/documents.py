@@ -1,4 +1,4 @@
-"""What the index holds and what a search may ask: documents made of chunks, and filters.
+"""What the index holds and what a search may ask: documents made of chunks, filters, requests.
 
 A chunk is the unit every retriever ranks. A BEIR record is one document of one chunk whose
 chunk id is the document id, so its unit id (what results call ``doc_id``) stays the record's
@@ -8,15 +8,19 @@ payload of the agent message protocol.
 
 from __future__ import annotations
 
+import functools
 from datetime import date
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -27,6 +31,30 @@ NON_BLANK = r"[^\s\x1c-\x1f]"
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512, pattern=NON_BLANK)]
 # reserved document metadata with a meaning of their own (filters read them)
 DOCUMENT_TYPE, DATE = "document_type", "date"
+MAX_TOP_K = 100
+MAX_QUERY_CHARS = 4000  # Settings.max_query_chars' default: what the agent protocol and the solver take
+
+
+def _stripped(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must hold a non-blank character")
+    return text.strip()
+
+
+def _whole(value: object) -> object:
+    """JSON's ``5.0`` is the integer 5 (JSON Schema agrees); ``true`` stays a boolean and is refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def query_text(max_chars: int = MAX_QUERY_CHARS) -> Any:
+    """A question: at most ``max_chars`` as sent, not blank, answered stripped."""
+    limits = Field(min_length=1, max_length=max_chars, json_schema_extra={"pattern": NON_BLANK})
+    return Annotated[str, limits, AfterValidator(_stripped)]
+
+
+Query = query_text()
+TopK = Annotated[int, Field(ge=1, le=MAX_TOP_K, strict=True), BeforeValidator(_whole)]
+Threshold = Annotated[float, Field(ge=0, le=1, strict=True)]
 
 
 def problems(exc: ValidationError, whole: str = "body") -> str:
@@ -135,3 +163,31 @@ def _iso_date(value: Any, field: str) -> date:
 
 def _fail(field: str, value: Any) -> date:
     raise ValueError(f"{field}: {value!r} is not an ISO date (YYYY-MM-DD)")
+
+
+# The one statement of what a search may ask: every door validates with it, and the OpenAPI
+# document, the MCP tools' arguments and the CLI's checks are read from it. Unknown keys are
+# ignored (the agent protocol's RETRIEVAL_REQUEST forbids them).
+class SearchRequest(BaseModel):
+    """A search: the question, how many results, and optionally filters and a similarity threshold."""
+
+    query: Query = Field(description="the question")
+    top_k: TopK = Field(5, description="how many results to return")
+    filters: Filters | None = Field(None, description='e.g. {"document_types": ["guideline"]}')
+    similarity_threshold: Threshold | None = Field(
+        None, description="drop results whose similarity_score is below this (0-1)"
+    )
+
+    @classmethod
+    def limited(cls, max_chars: int) -> type[SearchRequest]:
+        """This model with queries of at most ``max_chars`` (the ``max_query_chars`` setting)."""
+        return _limited(cls, max_chars)
+
+
+@functools.cache
+def _limited(model: type[BaseModel], max_chars: int) -> type[BaseModel]:
+    if max_chars == MAX_QUERY_CHARS:
+        return model
+    field = model.model_fields["query"]
+    query = (query_text(max_chars), Field(description=field.description))
+    return create_model(model.__name__, __base__=model, __module__=model.__module__, query=query)

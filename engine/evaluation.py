@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from engine.pipeline import AS_LOADED, SearchOptions
 from engine.progress import track
 
 Run = dict[str, list[str]]
@@ -110,10 +111,12 @@ def stage_runs(
     depth: int = 100,
     progress: bool = True,
     reranked: Sequence[str] = ("bm25", "dense", "rrf", "learned"),
+    options: SearchOptions = AS_LOADED,
 ) -> dict[str, Run]:
     """Each stage's ranking of every query: BM25, dense, judgment memory, RRF and, when the engine
     has one, the learned fusion; with a reranker, the ``reranked`` stages again with their heads
     reranked (``<stage>+rerank``). :func:`served_stage` names the fusion the engine serves.
+    ``options``: another reranker or fusion to score with (a checkpoint being chosen).
 
     A reranked run continues past its head with the stage's own order, so Recall@100 compares like
     with like. The cross-encoder scores each (query, document) pair once across the heads.
@@ -121,9 +124,9 @@ def stage_runs(
 
     runs: dict[str, Run] = {}
     for qid, text in track(queries.items(), "evaluating", "query", enabled=progress):
-        result = engine.stages(text, top_k=1)
+        result = engine.stages(text, top_k=1, options=options)
         rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.rrf}
-        if engine.fusion is not None:
+        if result.fusion is not None:
             rankings["learned"] = result.fused
         if engine.memory is None:
             del rankings["memory"]
@@ -132,11 +135,11 @@ def stage_runs(
             runs.setdefault(stage, {})[qid] = ids
             if result.reranked is None or stage not in reranked:
                 continue
-            served = stage == served_stage(engine)
+            served = stage == ("learned" if result.fusion is not None else "rrf")
             head = (
                 result.reranked
                 if served
-                else engine.rerank(text, ranking, result.rerank_scores, vector=result.query_vector)
+                else engine.rerank(text, ranking, result.rerank_scores, vector=result.query_vector, options=options)
             )
             runs.setdefault(f"{stage}+rerank", {})[qid] = continue_with_fused([d for d, _ in head], ids, depth)
     return runs

@@ -22,6 +22,7 @@ MANIFEST_FILE = "manifest.json"
 RERANKER_DIR = "reranker"
 MEMORY_DIR = "memory"
 FUSION_DIR = "fusion"
+REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside the index they measured
 WAL_FILE = "wal.log"
 
 

@@ -55,18 +55,24 @@ class JudgmentMemory:
         self._judged_by = {doc_id: np.array(rows) for doc_id, rows in judged_by.items()}
 
     def search(
-        self, vector: np.ndarray, k: int, exclude: str | None = None, allowed: Container[str] | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        exclude: str | None = None,
+        allowed: Container[str] | None = None,
+        neighbors: int | None = None,
     ) -> list[tuple[str, float]]:
         """Top ``k`` (doc id, vote), best first; ties by doc id. Only documents in ``allowed`` (the
         index's live documents, or a filter's) get votes, so a deleted document never returns here.
 
         ``exclude`` leaves one training query out, so features computed for a training query do
-        not see its own judgments (used when learning on the training split).
+        not see its own judgments (used when learning on the training split). ``neighbors``: how
+        many training queries vote (default: the memory's own).
         """
         sims = self.vectors @ vector.reshape(-1)
         if exclude is not None and exclude in self._rows:
             sims[self._rows[exclude]] = -1.0
-        n = min(self.neighbors, len(sims))
+        n = min(neighbors or self.neighbors, len(sims))
         nearest = np.argpartition(-sims, n - 1)[:n]
         votes: dict[str, float] = {}
         for row in nearest:

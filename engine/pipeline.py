@@ -67,10 +67,27 @@ class Hit:
     rerank_score: float | None = None
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """One call's departures from the engine as loaded, so that callers choosing between models
+    (training, evaluation, latency sweeps) never change an engine other threads search with.
+
+    ``reranker`` / ``fusion``: score or fuse with this model instead of the engine's (a checkpoint
+    being chosen); ``rerank_depth``: fused candidates to rerank, 0 for none (default: the engine's).
+    """
+
+    reranker: Scorer | None = None
+    fusion: LearnedFusion | None = None
+    rerank_depth: int | None = None
+
+
+AS_LOADED = SearchOptions()
+
+
 @dataclass
 class StageResult:
     """Every stage's ranking for one query, for evaluation and latency reports. ``fused`` is the
-    fusion served (the learned one when loaded, else ``rrf``)."""
+    fusion used (``fusion``: the learned model, None for ``rrf``)."""
 
     bm25: list[tuple[str, float]]
     dense: list[tuple[str, float]]
@@ -82,6 +99,7 @@ class StageResult:
     rerank_scores: dict[str, float] = field(default_factory=dict)
     query_vector: np.ndarray | None = None
     chunks: dict[str, Chunk] = field(default_factory=dict)
+    fusion: LearnedFusion | None = None
 
     @property
     def retrieved(self) -> dict[str, list[tuple[str, float]]]:
@@ -260,7 +278,14 @@ class HybridEngine:
     @property
     def rerank_depth(self) -> int:
         """Fused candidates the reranker rescores: the default follows where the reranker runs."""
-        return self.settings.rerank_depth_for(self.reranker.device) if self.reranker is not None else 0
+        return self.rerank_plan(AS_LOADED)[1]
+
+    def rerank_plan(self, options: SearchOptions) -> tuple[Scorer | None, int]:
+        """The reranker a call uses and how deep (None, 0: no reranking)."""
+        reranker = options.reranker or self.reranker
+        if reranker is None or options.rerank_depth == 0:
+            return None, 0
+        return reranker, options.rerank_depth or self.settings.rerank_depth_for(reranker.device)
 
     def missing_memory_context(self) -> str | None:
         """Why this engine cannot give a memory-aware reranker its context, or None when it can."""
@@ -271,7 +296,12 @@ class HybridEngine:
         return None
 
     def stages(
-        self, query: str, top_k: int = 10, exclude: str | None = None, filters: Filters | None = None
+        self,
+        query: str,
+        top_k: int = 10,
+        exclude: str | None = None,
+        filters: Filters | None = None,
+        options: SearchOptions = AS_LOADED,
     ) -> StageResult:
         """Run every stage; the reranker rescores the fused top ``max(rerank_depth, top_k)``.
 
@@ -284,6 +314,8 @@ class HybridEngine:
         """
         s = self.settings
         seconds: dict[str, float] = {}
+        reranker, rerank_depth = self.rerank_plan(options)
+        fusion = options.fusion or self.fusion
         if self.follower is not None:
             self.follower.catch_up()
         with self.view_lock.reading():
@@ -304,17 +336,17 @@ class HybridEngine:
             weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
             rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
             found = {"bm25": bm25, "dense": dense, "memory": memory}
-            fused = self.fusion.rank(query, found, rrf) if self.fusion is not None else rrf
-            depth = max(self.rerank_depth, top_k)
+            fused = fusion.rank(query, found, rrf) if fusion is not None else rrf
+            depth = max(rerank_depth, top_k)
             chunks = self.store.chunks(d for d, _ in fused[:depth])
             if self.follower is not None:  # the shared store may have dropped what this view still holds
                 fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
             t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
-        if self.reranker is not None and fused:
+        if reranker is not None and fused:
             try:
-                reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude, chunks)
+                reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude, chunks, options)
             except Exception as exc:  # a failing model must not fail the query: the fused order serves
                 self.reranker_health.failed(exc)
                 log.warning("reranker failed (%s: %s); serving fused results", type(exc).__name__, exc)
@@ -323,7 +355,7 @@ class HybridEngine:
                 self.reranker_health.ok()
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
-        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks)
+        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion)
 
     def rerank(
         self,
@@ -334,6 +366,7 @@ class HybridEngine:
         vector: np.ndarray | None = None,
         exclude: str | None = None,
         chunks: Mapping[str, Chunk] | None = None,
+        options: SearchOptions = AS_LOADED,
     ) -> list[tuple[str, float]]:
         """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents with their first-stage scores)
         reordered by the reranker, blended with the first stage (``rerank_blend``). ``scores`` caches
@@ -341,13 +374,13 @@ class HybridEngine:
         several rankings of one query share the work. ``vector`` (the query's embedding, encoded when
         not given) and ``exclude`` pick a memory-aware reranker's context, as for the memory's votes.
         """
-        s = self.settings
-        head = ranking[: max(self.rerank_depth, top_k)]
+        reranker, depth = self.rerank_plan(options)
+        head = ranking[: max(depth, top_k)]
         todo = [d for d, _ in head if d not in scores]
         if todo:
-            passages = self.rerank_passages(query, todo, self.reranker.memory_context, vector, exclude, chunks)
-            scores.update(zip(todo, self.reranker.score(query, passages), strict=True))
-        return blend_reranking(head, [scores[d] for d, _ in head], s.rerank_blend)
+            passages = self.rerank_passages(query, todo, reranker.memory_context, vector, exclude, chunks)
+            scores.update(zip(todo, reranker.score(query, passages), strict=True))
+        return blend_reranking(head, [scores[d] for d, _ in head], self.settings.rerank_blend)
 
     def rerank_passages(
         self,
@@ -393,7 +426,12 @@ class HybridEngine:
         }
 
     def search(
-        self, query: str, top_k: int = 5, filters: Filters | None = None, similarity_threshold: float | None = None
+        self,
+        query: str,
+        top_k: int = 5,
+        filters: Filters | None = None,
+        similarity_threshold: float | None = None,
+        options: SearchOptions = AS_LOADED,
     ) -> list[Hit]:
         """``top_k`` unique chunks, best first; fewer only if fewer match the filters or reach the
         threshold (on :meth:`similarity`)."""
@@ -401,7 +439,7 @@ class HybridEngine:
             raise ValueError("query is empty")
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        result = self.stages(query, top_k, filters=filters)
+        result = self.stages(query, top_k, filters=filters, options=options)
         return self.hits(result, top_k, similarity_threshold)
 
     def similarity(self, result: StageResult, ranking: list[tuple[str, float]]) -> list[float]:
@@ -411,7 +449,7 @@ class HybridEngine:
         dissimilar as one at right angles), never above the score of the hit ranked before it, so
         the scores fall down the list and a threshold keeps a prefix of the ranking. Without
         judgments it is a similarity, not a probability."""
-        calibration = self.fusion.calibration if self.fusion is not None else None
+        calibration = result.fusion.calibration if result.fusion is not None else None
         if calibration is None:
             cosines = self.dense.similarity(result.query_vector, [d for d, _ in ranking])
             return list(itertools.accumulate((min(1.0, max(0.0, c)) for c in cosines), min))

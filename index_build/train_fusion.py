@@ -27,7 +27,7 @@ from engine.dataset import Dataset, load_dataset
 from engine.evaluation import evaluate_run, stage_runs
 from engine.index_dir import FUSION_DIR, Manifest
 from engine.learned_fusion import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
-from engine.pipeline import HybridEngine
+from engine.pipeline import HybridEngine, SearchOptions
 from engine.progress import track
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,8 @@ def _compare_on_dev(engine: HybridEngine, fusion: LearnedFusion, dataset: Datase
     """Dev metrics of RRF and of the new model, for the card; nothing is chosen on them here."""
     if EVAL_SPLIT not in dataset.splits():
         return {}
-    served, engine.fusion = engine.fusion, fusion
-    try:
-        runs = stage_runs(engine, dataset.split_queries(EVAL_SPLIT), progress=progress)
-    finally:
-        engine.fusion = served
+    queries = dataset.split_queries(EVAL_SPLIT)
+    runs = stage_runs(engine, queries, progress=progress, options=SearchOptions(fusion=fusion))
     qrels = dataset.qrels(EVAL_SPLIT)
     return {
         "eval_split": EVAL_SPLIT,

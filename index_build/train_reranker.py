@@ -35,7 +35,7 @@ from engine.dataset import Dataset, load_dataset
 from engine.evaluation import evaluate_run, served_stage, stage_runs
 from engine.index_dir import RERANKER_DIR
 from engine.models import pick_device, resolve_model
-from engine.pipeline import HybridEngine, load_reranker
+from engine.pipeline import HybridEngine, SearchOptions, load_reranker
 from engine.progress import track
 from engine.rerank import CARD_FILE, Reranker
 from index_build.negatives import mine_candidates
@@ -347,9 +347,7 @@ def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, q
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder))
     (folder / CARD_FILE).write_text(json.dumps(_serving_fields(options)))  # the full card comes last
-    engine.reranker = load_reranker(settings, str(folder), engine.device, cache=False)  # as serving will
-    try:
-        stage = served_stage(engine)
-        return evaluate_run(qrels, stage_runs(engine, queries, progress=False, reranked=(stage,))[f"{stage}+rerank"])
-    finally:
-        engine.reranker = None
+    checkpoint = SearchOptions(reranker=load_reranker(settings, str(folder), engine.device, cache=False))  # as served
+    stage = served_stage(engine)
+    runs = stage_runs(engine, queries, progress=False, reranked=(stage,), options=checkpoint)
+    return evaluate_run(qrels, runs[f"{stage}+rerank"])

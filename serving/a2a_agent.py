@@ -30,10 +30,12 @@ from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
 from starlette.applications import Starlette
 
+from engine.documents import SearchRequest
 from serving.admission import Overloaded
 from serving.jsonrpc_guard import JsonRpcGuard
 from serving.replies import json_http_errors
-from serving.search_service import BadRequest, QueryTimeout, SearchRequest, SearchService
+from serving.requests import BadRequest, validated
+from serving.search_service import QueryTimeout, SearchService
 
 log = logging.getLogger(__name__)
 SKILL_ID = "nfcorpus_retrieval"
@@ -98,7 +100,7 @@ def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
     JSON of the wrong shape is refused, never guessed at."""
     data = get_data_parts(parts)
     if data:
-        return SearchRequest.parse(data[0], max_chars)
+        return validated(SearchRequest.limited(max_chars), data[0])
     text = "".join(get_text_parts(parts)).strip()
     if not text:
         raise BadRequest('send a text part with JSON like {"query": "...", "top_k": 5}')
@@ -106,7 +108,7 @@ def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
         payload = json.loads(text)
     except json.JSONDecodeError:  # plain words, as chat UIs and generic clients send: the question itself
         payload = {"query": text}
-    return SearchRequest.parse(payload, max_chars)
+    return validated(SearchRequest.limited(max_chars), payload)
 
 
 class RetrievalExecutor(AgentExecutor):

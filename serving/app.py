@@ -10,15 +10,19 @@ import time
 import uuid
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.config import Settings
+from serving import rest
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
 from serving.asgi import route_path
 from serving.mcp_tool import build_mcp_server
-from serving.protocol_routes import hash_key, load_keys
+from serving.protocol_routes import ProtocolDoor, hash_key, load_keys
 from serving.replies import json_http_errors
+from serving.requests import bearer
 from serving.search_service import SearchService
 from serving.tls import scheme, tls_options
 
@@ -74,9 +78,8 @@ class KeyGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not route_path(scope).startswith(self.OPEN):
-            header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or hash_key(token.strip()) not in self.hashes:
+            key = bearer(Headers(scope=scope))
+            if key is None or hash_key(key) not in self.hashes:
                 reply = JSONResponse({"error": "send 'Authorization: Bearer <key>' (this server keys all doors)"}, 401)
                 await reply(scope, receive, send)
                 return
@@ -99,10 +102,8 @@ def build_apps(
     if service is None and (mcp or mcp_url is None):
         service = SearchService(settings, writable=writable)
     apps = {}
-    if mcp:
-        server = build_mcp_server(service)
-        mcp_app = server.streamable_http_app(host=settings.host, stateless_http=stateless)
-        apps["mcp"] = (json_http_errors(mcp_app), settings.mcp_port)
+    if service is not None:
+        apps["mcp"] = (http_app(service, mcp, stateless), settings.mcp_port)
     if a2a:
         url = settings.public_url or f"{scheme(settings)}://{_display_host(settings.host)}:{settings.a2a_port}/"
         search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
@@ -123,6 +124,24 @@ def build_apps(
             raise ValueError("--key-all-doors needs --agent-keys with at least one key")
         apps = {door: (KeyGate(app, hashes), port) for door, (app, port) in apps.items()}
     return service, apps
+
+
+def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) -> Starlette:
+    """The REST routes, with the MCP endpoint at ``/mcp`` unless ``mcp`` is off."""
+    settings = service.settings
+    door = ProtocolDoor(
+        service.router,
+        load_keys(settings.agent_keys, settings.agent_rate),
+        settings.agent_rate,
+        settings.max_message_bytes,
+        settings.max_body_bytes,
+        service.admission,
+    )
+    routes, lifespan = rest.routes(service, door), None
+    if mcp:
+        mcp_app = build_mcp_server(service).streamable_http_app(host=settings.host, stateless_http=stateless)
+        routes, lifespan = routes + mcp_app.routes, mcp_app.router.lifespan_context
+    return json_http_errors(Starlette(routes=routes, lifespan=lifespan))
 
 
 def _display_host(host: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -174,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="search the index and print a table of hits")
     p.add_argument("query", help="the question, in plain words")
-    p.add_argument("--top-k", type=int, default=5, help="hits to show (default 5)")
+    p.add_argument("--top-k", type=int, default=5, help="hits to show, 1-100 (default 5)")
     p.add_argument(
         "--filters",
         help='JSON filters, e.g. \'{"document_types": ["guideline"], "date_range": ["2020-01-01", null]}\'',
@@ -195,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-queries", type=int, help="sample N judged queries (default: all; 100 with --agent-url)")
     p.add_argument("--seed", type=int, default=42, help="sampling seed, as the evaluator's (default 42)")
     p.add_argument(
-        "--output", type=Path, help="folder for run files and summary (default benchmarks/results/eval-<split>)"
+        "--output", type=Path, help="folder for run files and summary (default <index-dir>/reports/eval-<split>)"
     )
     g = p.add_argument_group("scoring a running A2A agent, as the benchmark's evaluator does")
     g.add_argument("--agent-url", help="A2A agent base URL, e.g. http://127.0.0.1:9010")
@@ -295,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="interface to bind (default 127.0.0.1; 0.0.0.0 in containers)")
     p.add_argument("--mcp-port", type=int, help="MCP + REST port (default 8000)")
     p.add_argument("--a2a-port", type=int, help="A2A agent port (default 9010)")
-    p.add_argument("--no-mcp", action="store_true", help="serve only the A2A agent")
+    p.add_argument(
+        "--no-mcp", action="store_true", help="no MCP endpoint (/mcp): REST and /health still answer on --mcp-port"
+    )
     p.add_argument("--no-a2a", action="store_true", help="serve only MCP + REST")
     p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
     p.add_argument("--public-url", help="A2A URL advertised in the agent card (default http(s)://HOST:PORT)")
@@ -410,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--concurrency", default="1,8", help="concurrent clients to sweep, e.g. 1,8,32,64,128 (default 1,8)")
     p.add_argument("--name", help="result file name (default: the target)")
-    p.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
+    p.add_argument("--output", type=Path, help="results folder (default <index-dir>/reports/<machine>)")
     _search_options(p)
 
     p = sub.add_parser("schemas", help="JSON Schemas of the agent message protocol's messages")
@@ -438,7 +439,7 @@ _SETTING_KEYS = set(Settings.model_fields)
 
 def settings_from(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in _SETTING_KEYS and v is not None}
-    return Settings(**overrides)
+    return Settings.load(args.config, **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,10 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "a2a", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.config:
-        if not args.config.is_file():
-            return _fail(f"--config {args.config}: file not found")
-        os.environ["HYBRID_SEARCH_CONFIG"] = str(args.config)
+    if args.config and not args.config.is_file():
+        return _fail(f"--config {args.config}: file not found")
     if args.command in threads.QUERY_COMMANDS:
         threads.for_queries()
     try:

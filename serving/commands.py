@@ -7,12 +7,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
 from rich.console import Console
 from rich.table import Table
 
 from engine.config import Settings
-from engine.index_dir import FUSION_DIR, MANIFEST_FILE
+from engine.documents import SearchRequest
+from engine.index_dir import FUSION_DIR, MANIFEST_FILE, REPORTS_DIR
 
 console = Console()
 
@@ -50,13 +52,18 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def search(settings: Settings, args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from engine.pipeline import HybridEngine
 
-    _check_top_k(args.top_k)
-    filters = _filters(args.filters, args.filter)
+    fields = {"query": args.query, "top_k": args.top_k, "similarity_threshold": args.similarity_threshold}
+    try:
+        request = SearchRequest.limited(settings.max_query_chars).model_validate(fields | {"filters": _filters(args)})
+    except ValidationError as exc:
+        raise ValueError(_as_flags(exc)) from None
     engine = HybridEngine(settings)
     started = time.perf_counter()
-    hits = engine.search(args.query, args.top_k, filters, args.similarity_threshold)
+    hits = engine.search(request.query, request.top_k, request.filters, request.similarity_threshold)
     elapsed = time.perf_counter() - started
     if args.json:
         print(json.dumps([hit.__dict__ for hit in hits], indent=2))
@@ -92,9 +99,9 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
 
     dataset = load_dataset(settings.data_dir)
     if args.agent_url:
-        from benchmarks.agent_eval import evaluate_agent
+        from agents.evaluator import evaluate_agent
 
-        _check_top_k(args.top_k)
+        _checked("top_k", args.top_k)
         report = evaluate_agent(
             args.agent_url, dataset, args.split, args.num_queries or 100, args.seed, args.top_k, args.timeout
         )
@@ -112,7 +119,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     if "learned" in runs:
         pairs.append(("learned", "rrf"))
     gains = {f"{a} vs {b}": paired_test(qrels, runs[a], runs[b]) for a, b in pairs}
-    out = args.output or Path("benchmarks/results") / f"eval-{args.split}"
+    out = args.output or Path(settings.index_dir) / REPORTS_DIR / f"eval-{args.split}"
     out.mkdir(parents=True, exist_ok=True)
     for stage, run in runs.items():
         write_trec_run(out / f"run.{stage}.trec", run, stage)
@@ -273,8 +280,9 @@ def mcp_stdio(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def bench(settings: Settings, args: argparse.Namespace) -> int:
-    from benchmarks.latency import bench_engine, bench_http, save
+    from agents.door_load import bench_http
     from engine.dataset import load_dataset
+    from engine.latency import bench_engine, machine_name, save
 
     dataset = load_dataset(settings.data_dir)
     queries = list(dataset.split_queries("dev").values())[: args.num_queries]
@@ -303,7 +311,8 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
         if not args.url:
             raise ValueError(f"--url is required to benchmark the {args.target} front door")
         report = bench_http(args.target, args.url, queries, concurrency)
-    path = save(report, args.name or args.target, args.output)
+    out = args.output or Path(settings.index_dir) / REPORTS_DIR / machine_name()
+    path = save(report, args.name or args.target, out)
     console.print_json(json.dumps(report))
     console.print(f"saved {path} and its plot")
     return 0
@@ -319,9 +328,25 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def _check_top_k(top_k: int) -> None:
-    if not 1 <= top_k <= 100:
-        raise ValueError(f"--top-k must be between 1 and 100, got {top_k}")
+def _checked(name: str, value: object) -> object:
+    """``value`` by the rule every search door applies to the field ``name``."""
+    from pydantic import TypeAdapter, ValidationError
+
+    field = SearchRequest.model_fields[name]
+    try:
+        return TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(_as_flags(exc, name)) from None
+
+
+def _as_flags(exc, field: str | None = None) -> str:
+    """A search request's validation error in the CLI's words: ``--top-k: ...``, ``query: ...``."""
+    named = []
+    for error in exc.errors():
+        where = [field, *error["loc"]] if field else list(error["loc"])
+        flag = "query" if where[0] == "query" else "--" + str(where[0]).replace("_", "-")
+        named.append(".".join([flag, *map(str, where[1:])]) + f": {error['msg']}")
+    return "; ".join(named)
 
 
 def schemas(settings: Settings, args: argparse.Namespace) -> int:
@@ -354,12 +379,9 @@ def agent_key(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _filters(raw: str | None, pairs: list[str] | None):
-    """--filters JSON and --filter KEY=VALUE (repeatable) as one Filters."""
-    from pydantic import ValidationError
-
-    from engine.documents import Filters, problems
-
+def _filters(args: argparse.Namespace) -> dict | None:
+    """--filters JSON and --filter KEY=VALUE (repeatable) as one filters object."""
+    raw, pairs = args.filters, args.filter
     data = {}
     if raw:
         try:
@@ -373,12 +395,7 @@ def _filters(raw: str | None, pairs: list[str] | None):
         if not sep or not key:
             raise ValueError(f"--filter {pair!r}: expected KEY=VALUE")
         data[key] = value
-    if not data:
-        return None
-    try:
-        return Filters.model_validate(data)
-    except ValidationError as exc:
-        raise ValueError(f"filters: {problems(exc)}") from None
+    return data or None
 
 
 def _opt(value: int | None) -> str:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agents.messages import Message, Turn
+from agents.messages import Message
 from agents.solver import SolverRequest
+from agents.system import RagRequest
 from engine.config import Settings
-from engine.documents import NON_BLANK, DocumentIn, Filters
+from engine.documents import DocumentIn, SearchRequest
 from serving.replies import ChunkResponse, SearchResponse
-from serving.search_service import MAX_TOP_K, REFRESH
+from serving.search_service import REFRESH
 
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 OBJECT = {"type": "object"}
@@ -68,22 +69,12 @@ def _op(summary: str, ok: dict, errors: dict, body: dict | None = None, **extra)
     return op
 
 
-def openapi_document(settings: Settings, keyed_protocol: bool) -> dict:
-    """The document for this server's settings: security is declared where this server enforces it
-    (``/v1`` with agent keys; every door but health, metrics and this document with
-    ``--key-all-doors``)."""
+def openapi_document(settings: Settings, search_request: type[SearchRequest], keyed_protocol: bool) -> dict:
+    """The document for this server's settings (``search_request`` holds its query limit): security
+    is declared where this server enforces it (``/v1`` with agent keys; every door but health,
+    metrics and this document with ``--key-all-doors``)."""
     spec = _Spec()
-    filters = spec.ref(Filters)
-    search_body = {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": settings.max_query_chars, "pattern": NON_BLANK},
-            "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": 5},
-            "filters": {"anyOf": [filters, {"type": "null"}]},
-            "similarity_threshold": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]},
-        },
-        "required": ["query"],
-    }
+    search_body = spec.ref(search_request)
     document_id = [{"name": "document_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     refresh = [{"name": "refresh", "in": "query", "schema": {"enum": list(REFRESH)}}]
     busy = (503, 504)
@@ -133,17 +124,7 @@ def openapi_document(settings: Settings, keyed_protocol: bool) -> dict:
                 "One retrieval + answer turn",
                 _ok(OBJECT, "the turn's messages"),
                 turn_refusals,
-                {
-                    "type": "object",
-                    "properties": {
-                        "question": {"type": "string", "pattern": NON_BLANK},
-                        "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
-                        "conversation_id": {"type": ["string", "null"]},
-                        "conversation_history": {"type": "array", "items": spec.ref(Turn)},
-                        "filters": {"anyOf": [filters, {"type": "null"}]},
-                    },
-                    "required": ["question"],
-                },
+                spec.ref(RagRequest),
             )
         },
         "/v1/schemas": {"get": _op("JSON Schema of every message type", _ok(OBJECT, "schemas"), {})},

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import time
@@ -27,14 +26,13 @@ from starlette.routing import Route
 
 from agents.messages import ErrorCode, Message, schemas
 from agents.router import ROUTER_ID, Router
-from agents.system import SYSTEM_ID, rag_turn
+from agents.system import SYSTEM_ID, RagRequest, rag_turn
 from serving.admission import Admission, Overloaded
-from serving.search_service import MAX_TOP_K, whole_number
+from serving.requests import BadRequest, BodyError, bearer, parse_json, read_body, validated
 
 audit = logging.getLogger("hybrid_search.audit")
 _VIEWER = Path(__file__).with_name("trace_viewer.html")
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-TOO_LARGE = object()  # what _read returns past the limit (a JSON body may be null)
 STATUS = {
     ErrorCode.INVALID_MESSAGE: 422,
     ErrorCode.UNKNOWN_MESSAGE_TYPE: 422,
@@ -118,11 +116,10 @@ class ProtocolDoor:
             if _loopback(request):
                 return None, None
             return None, (ErrorCode.UNAUTHORIZED, "no agent keys are configured, so only loopback clients are served")
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = bearer(request.headers)
+        if token is None:
             return None, (ErrorCode.UNAUTHORIZED, "send 'Authorization: Bearer <key>'")
-        key = self.keys.get(hash_key(token.strip()))
+        key = self.keys.get(hash_key(token))
         if key is None:
             return None, (ErrorCode.UNAUTHORIZED, "unknown key")
         return key, None
@@ -144,18 +141,6 @@ class ProtocolDoor:
         audit.info("refused %s: %s", code.value, text)
         return self._reply(self.router.refuse(code, text, raw), headers)
 
-    async def _read(self, request: Request) -> tuple[object, int]:
-        """(JSON body or the bytes' problem, size); reads no further than the larger limit."""
-        body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > self.max_ingestion_bytes:
-                return TOO_LARGE, len(body)
-        try:
-            return json.loads(body), len(body)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            return ValueError("body must be a JSON message (UTF-8)"), len(body)
-
     async def _admit(self, request: Request) -> tuple[object, AgentKey | None, JSONResponse | None]:
         key, problem = self._caller(request)
         if problem:
@@ -172,17 +157,14 @@ class ProtocolDoor:
                     ErrorCode.RATE_LIMITED, f"over the rate of {key.rate if key else self.default_rate}", {}, headers
                 ),
             )
-        raw, size = await self._read(request)
-        if raw is TOO_LARGE:
-            return (
-                None,
-                key,
-                self._refused(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {self.max_ingestion_bytes:,} bytes", {}),
-            )
-        if isinstance(raw, ValueError):
-            return None, key, self._refused(ErrorCode.INVALID_MESSAGE, str(raw), {})
+        try:  # no further than the larger limit, ingestion's; the type decides which one applies
+            body = await read_body(request, self.max_ingestion_bytes)
+            raw = parse_json(body)
+        except BodyError as exc:
+            code = ErrorCode.PAYLOAD_TOO_LARGE if exc.status == 413 else ErrorCode.INVALID_MESSAGE
+            return None, key, self._refused(code, str(exc), {})
         kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind != "DOCUMENT_INGESTION" and size > self.max_message_bytes:
+        if kind != "DOCUMENT_INGESTION" and len(body) > self.max_message_bytes:
             return (
                 None,
                 key,
@@ -228,21 +210,13 @@ class ProtocolDoor:
             return self._refused(
                 ErrorCode.FORBIDDEN, f"only {SYSTEM_ID} runs RAG turns; this key is {key.agent_id}", {}
             )
-        question = raw.get("question") if isinstance(raw, dict) else None
-        if not isinstance(question, str) or not question.strip():
-            return self._refused(ErrorCode.INVALID_MESSAGE, "'question' must be a non-empty string", {})
-        top_k = whole_number(raw.get("top_k", 5))
-        if top_k is None or not 1 <= top_k <= MAX_TOP_K:
-            return self._refused(ErrorCode.INVALID_MESSAGE, f"'top_k' must be an integer from 1 to {MAX_TOP_K}", {})
-        conversation, history = raw.get("conversation_id"), raw.get("conversation_history")
-        history = [] if history is None else history
-        if conversation is not None and not isinstance(conversation, str):
-            return self._refused(ErrorCode.INVALID_MESSAGE, "'conversation_id' must be a string", {})
-        if not isinstance(history, list):
-            return self._refused(ErrorCode.INVALID_MESSAGE, "'conversation_history' must be a list of turns", {})
+        try:
+            turn_request = validated(RagRequest, raw)
+        except BadRequest as exc:
+            return self._refused(ErrorCode.INVALID_MESSAGE, str(exc), {})
         try:
             async with self._slot("rag"):
-                turn = await rag_turn(self.router, question.strip(), conversation, history, top_k, raw.get("filters"))
+                turn = await rag_turn(self.router, turn_request)
         except Overloaded as exc:
             return self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
         last = turn["messages"][-1]

@@ -6,36 +6,23 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import ValidationError
 
 from agents.policy import PolicyError
 from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
 from agents.traces import TraceStore
 from engine.config import Settings
-from engine.documents import DocumentIn, Filters, problems
+from engine.documents import DocumentIn, SearchRequest
 from engine.health import FailureCount
 from engine.live import DocumentNotFound
 from engine.pipeline import Hit, HybridEngine
 from serving.admission import Admission, Overloaded
+from serving.requests import BadRequest, validated
 
 log = logging.getLogger(__name__)
-MAX_TOP_K = 100
 REFRESH = ("wait_for", "true", "false")  # ?refresh= on writes: wait_for/true answer once searchable
-
-
-def whole_number(value: object) -> int | None:
-    """``value`` as an int when JSON means a whole number (``5`` or ``5.0``, never ``true``), else None."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-class BadRequest(ValueError):
-    """The caller's input is wrong; the message says how."""
 
 
 class QueryTimeout(TimeoutError):
@@ -46,48 +33,12 @@ class ReadOnly(PermissionError):
     """This server was started without writes."""
 
 
-@dataclass(frozen=True)
-class SearchRequest:
-    query: str
-    top_k: int = 5
-    filters: Filters | None = None
-    similarity_threshold: float | None = None
-
-    @classmethod
-    def parse(cls, payload: object, max_chars: int) -> SearchRequest:
-        """Validate ``{"query": str, "top_k": int, "filters"?: {...}, "similarity_threshold"?: 0..1}``
-        from any front door."""
-        if not isinstance(payload, dict):
-            raise BadRequest('expected a JSON object like {"query": "...", "top_k": 5}')
-        filters = payload.get("filters")
-        if filters is not None:
-            if not isinstance(filters, dict):
-                raise BadRequest('\'filters\' must be an object, e.g. {"document_types": ["guideline"]}')
-            try:
-                filters = Filters.model_validate(filters)
-            except ValidationError as exc:
-                raise BadRequest(f"filters.{problems(exc)}") from None
-        threshold = payload.get("similarity_threshold")
-        if threshold is not None and (
-            isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1
-        ):
-            raise BadRequest(f"'similarity_threshold' must be a number from 0 to 1, got {threshold!r}")
-        query = payload.get("query")
-        if not isinstance(query, str) or not query.strip():
-            raise BadRequest("'query' must be a non-empty string")
-        if len(query) > max_chars:
-            raise BadRequest(f"'query' is {len(query)} characters; the limit is {max_chars}")
-        top_k = whole_number(payload.get("top_k", 5))
-        if top_k is None or not 1 <= top_k <= MAX_TOP_K:
-            raise BadRequest(f"'top_k' must be an integer from 1 to {MAX_TOP_K}, got {payload.get('top_k')!r}")
-        return cls(query.strip(), top_k, filters, None if threshold is None else float(threshold))
-
-
 class SearchService:
     """One loaded engine shared by all requests; CPU and GPU work runs off the event loop."""
 
     def __init__(self, settings: Settings, engine: HybridEngine | None = None, writable: bool = False) -> None:
         self.settings = settings
+        self.search_request = SearchRequest.limited(settings.max_query_chars)  # what a search may ask here
         started = time.perf_counter()
         self._owns_engine = engine is None
         self.engine = engine or HybridEngine(settings, writable=writable)
@@ -140,12 +91,7 @@ class SearchService:
 
     async def solve(self, payload: object) -> dict:
         """A benchmark task (``SolverRequest``'s shape); BadRequest names the field or the rule."""
-        if not isinstance(payload, dict):
-            raise BadRequest('expected a JSON object like {"task_id": "...", "task": "..."}')
-        try:
-            request = SolverRequest.model_validate(payload)
-        except ValidationError as exc:
-            raise BadRequest(problems(exc)) from None
+        request = validated(SolverRequest, payload)
         loop = asyncio.get_running_loop()
         try:
             async with self.admission.slot("solver"):
@@ -161,14 +107,7 @@ class SearchService:
 
     async def upsert(self, payload: object, wait: bool = False) -> dict:
         """Validate and log a document (DOCUMENT_INGESTION's shape); BadRequest names the field."""
-        if not isinstance(payload, dict):
-            raise BadRequest(
-                'expected a JSON object like {"document_id": "...", "chunks": [{"chunk_id": ..., "content": ...}]}'
-            )
-        try:
-            document = DocumentIn.model_validate(payload)
-        except ValidationError as exc:
-            raise BadRequest(problems(exc)) from None
+        document = validated(DocumentIn, payload)
         live = self._live()
         async with self.admission.slot("documents"):
             return await asyncio.get_running_loop().run_in_executor(self._pool, live.upsert, document, wait)

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["search", "x", "--top-k", "0"], "--top-k must be between 1 and 100"),
+        (["search", "x", "--top-k", "0"], "--top-k: Input should be greater than or equal to 1"),
         (["search", "x", "--index-dir", "/nonexistent/idx"], "no index directory here"),
         (["build", "--data", "/nonexistent/data", "--index-dir", "/tmp/never"], "/nonexistent/data: no such folder"),
         (["evaluate", "--split", "test"], "no judgments for split 'test'"),
@@ -89,6 +90,13 @@ def test_settings_layering(tmp_path, monkeypatch, index_dir):
     s = settings_from(args)
     assert (s.rrf_k, s.rerank_depth, s.bm25_depth) == (10.0, 9, 33)
     assert Settings().dense_index == "flat"
+    # --config names the file for this command only: nothing is left in the environment
+    monkeypatch.delenv("HYBRID_SEARCH_CONFIG")
+    other = tmp_path / "other.toml"
+    other.write_text("rrf_k = 25.0\n")
+    s = settings_from(build_parser().parse_args(["--config", str(other), "search", "q"]))
+    assert (s.rrf_k, s.rerank_depth) == (25.0, 9)
+    assert "HYBRID_SEARCH_CONFIG" not in os.environ and Settings().rrf_k != 25.0
 
 
 def test_bench_engine_reports_stages_and_the_depth_each_budget_allows(index_dir, beir_dir, reranker_dir, tmp_path):

@@ -15,7 +15,7 @@ from engine.pair_cache import PairCache
 from engine.pipeline import HybridEngine
 from engine.rerank import Reranker, RerankerError
 from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
-from tests.conftest import short_training
+from tests.helpers import short_training
 
 
 def _disagreement(student: Reranker, teacher: Reranker, engine, beir_dir) -> float:

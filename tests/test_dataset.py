@@ -3,7 +3,7 @@ import json
 import pytest
 
 from engine.dataset import DatasetError, fingerprint, load_dataset
-from tests.conftest import write_beir
+from tests.helpers import write_beir
 
 
 def test_loads_crlf_files_and_missing_titles(beir_dir):

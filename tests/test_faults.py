@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from benchmarks.reliability import faults
-from tests.conftest import ROOT
+from benchmarks.reliability.server import ROOT
 
 
 @pytest.fixture(scope="module")

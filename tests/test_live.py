@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import subprocess
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, free_port, jsonrpc_send, serve_args, start_server, stop_server
+from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from tests.helpers import jsonrpc_send
 
 KEYS = {
     "System": "hsk-system-key-0123456789",

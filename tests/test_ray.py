@@ -14,7 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, a2a_v1_send, free_port, only_doc_ids, start_server, stop_server
+from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from tests.helpers import a2a_v1_send, only_doc_ids
 
 pytest.importorskip("ray", reason="the optional Ray extra is not installed (pip install -e '.[ray]')")
 

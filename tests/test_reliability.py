@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from benchmarks.reliability import fuzz
-from benchmarks.reliability.server import wait_until_up
-from tests.conftest import free_port, jsonrpc_send, serve_args, start_server, stop_server
+from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
+from tests.helpers import jsonrpc_send
 
 SEED = 20261123
 

@@ -12,7 +12,8 @@ import uuid
 import httpx
 import pytest
 
-from tests.conftest import ROOT, a2a_v1_send, free_port, only_doc_ids, start_server, stop_server
+from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from tests.helpers import a2a_v1_send, only_doc_ids
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
 
@@ -45,10 +46,10 @@ def test_rest_search_returns_full_results(server):
     "body, status, message",
     [
         (b"not json", 400, "body must be JSON"),
-        (json.dumps({"top_k": 3}).encode(), 422, "'query' must be a non-empty string"),
-        (json.dumps({"query": "x", "top_k": 0}).encode(), 422, "'top_k' must be an integer from 1 to 100"),
-        (json.dumps({"query": "x", "top_k": "five"}).encode(), 422, "'top_k' must be an integer"),
-        (json.dumps({"query": "x" * 4001}).encode(), 422, "the limit is 4000"),
+        (json.dumps({"top_k": 3}).encode(), 422, "query: Field required"),
+        (json.dumps({"query": "x", "top_k": 0}).encode(), 422, "top_k: Input should be greater than or equal to 1"),
+        (json.dumps({"query": "x", "top_k": "five"}).encode(), 422, "top_k: Input should be a valid integer"),
+        (json.dumps({"query": "x" * 4001}).encode(), 422, "query: String should have at most 4000 characters"),
         (json.dumps(["query"]).encode(), 422, "expected a JSON object"),
     ],
 )
@@ -162,12 +163,12 @@ def test_a2a_v1_client_text_and_data_parts(server):
 @pytest.mark.parametrize(
     "text, message",
     [
-        (json.dumps({"top_k": 5}), "'query' must be a non-empty string"),
+        (json.dumps({"top_k": 5}), "query: Field required"),
         (json.dumps([1, 2]), "expected a JSON object"),
-        (json.dumps({"query": "  "}), "'query' must be a non-empty string"),
-        (json.dumps({"query": "x", "top_k": 101}), "'top_k' must be an integer from 1 to 100"),
-        (json.dumps({"query": "x", "top_k": 2.5}), "'top_k' must be an integer"),
-        (json.dumps({"query": "x" * 5000}), "the limit is 4000"),
+        (json.dumps({"query": "  "}), "query: Value error, must hold a non-blank character"),
+        (json.dumps({"query": "x", "top_k": 101}), "top_k: Input should be less than or equal to 100"),
+        (json.dumps({"query": "x", "top_k": 2.5}), "top_k: Input should be a valid integer"),
+        (json.dumps({"query": "x" * 5000}), "query: String should have at most 4000 characters"),
         (json.dumps({"query": "x", "filters": {"date_range": "2020"}}), "filters.date_range"),
     ],
 )
@@ -247,7 +248,7 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
 
 
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):
-    from benchmarks.agent_eval import evaluate_agent
+    from agents.evaluator import evaluate_agent
     from engine.config import Settings
     from engine.dataset import load_dataset
     from engine.evaluation import evaluate_run, sample_queries, served_stage, stage_runs
@@ -266,13 +267,14 @@ def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_
 
 def test_a_query_past_the_time_limit_fails_cleanly(engine):
     from engine.config import Settings
-    from serving.search_service import QueryTimeout, SearchRequest, SearchService
+    from engine.documents import SearchRequest
+    from serving.search_service import QueryTimeout, SearchService
 
     settings = Settings(index_dir=engine.settings.index_dir, query_timeout_s=1e-4)
     service = SearchService(settings, engine=engine)
     try:
         with pytest.raises(QueryTimeout, match="longer than"):
-            asyncio.run(service.search(SearchRequest("vitamin d and falls", 5), door="test"))
+            asyncio.run(service.search(SearchRequest(query="vitamin d and falls", top_k=5), door="test"))
         assert (
             'door="test",kind="timeout"' in __import__("prometheus_client").generate_latest(service.registry).decode()
         )

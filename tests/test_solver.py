@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from agents.formatter import format_answer, items_from_text
 from agents.policy import PolicyDoc, evaluate
-from tests.conftest import ROOT, a2a_v1_send, jsonrpc_send
+from benchmarks.reliability.server import ROOT
+from tests.helpers import a2a_v1_send, jsonrpc_send
 
 PATH = "/api/a2a/purple-agent"
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
@@ -162,7 +163,7 @@ def test_a_deny_keyword_decides_exactly_when_it_appears_as_a_word(keyword, other
 def test_a_failing_llm_without_fallback_is_a_502(index_dir, tmp_path):
     import shutil
 
-    from tests.conftest import free_port, serve_args, start_server, stop_server
+    from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
 
     shutil.copytree(index_dir, tmp_path / "index")
     port, dead = free_port(), free_port()  # nothing listens on `dead`

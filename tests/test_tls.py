@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
-from tests.conftest import a2a_v1_send
+from tests.helpers import a2a_v1_send
 
 
 def _key():

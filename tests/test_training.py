@@ -7,7 +7,7 @@ from engine.dataset import load_dataset
 from engine.pipeline import HybridEngine
 from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
-from tests.conftest import short_training
+from tests.helpers import short_training
 
 
 def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_dir):

@@ -19,8 +19,8 @@ def check(out: Path) -> int:
 
     import torch
 
-    from benchmarks.latency import machine
     from engine.config import Settings
+    from engine.latency import machine
     from engine.pipeline import HybridEngine
 
     engine = HybridEngine(Settings(rerank=False))
@@ -43,9 +43,10 @@ def check(out: Path) -> int:
 
 def http(out: Path) -> int:
     """``hybrid-search serve`` on the GPU, then REST and A2A end to end at 1, 8 and 64 clients."""
-    from benchmarks.latency import bench_http, save
+    from agents.door_load import bench_http
     from benchmarks.reliability.server import free_port, start_server, stop_server
     from engine.dataset import load_dataset
+    from engine.latency import save
 
     queries = list(load_dataset(Path(os.environ["HYBRID_SEARCH_DATA_DIR"])).split_queries("dev").values())
     rest, a2a = free_port(), free_port()

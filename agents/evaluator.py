@@ -18,6 +18,7 @@ import httpx
 
 from engine.dataset import Dataset
 from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
+from engine.latency import percentiles
 
 
 def _part_text(part) -> str:
@@ -78,7 +79,6 @@ def evaluate_agent(
     answers, failures, seconds = asyncio.run(_run(url, list(queries.items()), top_k, timeout))
     scores = [in_list_ndcg([qrels[q].get(d, 0) for d in answers[q][:5]]) if q in answers else 0.0 for q in queries]
     standard = evaluate_run(qrels, answers) if answers else {}
-    ordered = sorted(seconds)
     return {
         "agent": url,
         "split": split,
@@ -95,9 +95,5 @@ def evaluate_agent(
         "nDCG@5": standard.get("nDCG@5", 0.0) * len(answers) / len(queries),  # a failure scores 0
         "failures": len(failures),
         "failure_examples": dict(list(failures.items())[:5]),
-        "latency_ms": {
-            "p50": 1000 * ordered[len(ordered) // 2],
-            "p95": 1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-            "max": 1000 * ordered[-1],
-        },
+        "latency_ms": percentiles(seconds),
     }

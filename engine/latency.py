@@ -1,22 +1,18 @@
-"""Latency benchmarks: per pipeline stage in-process, and end to end through the HTTP front doors.
-
-Every run writes ``benchmarks/results/<machine>/<name>.json`` (with the machine description) and a
-PNG plot beside it. Load generators are bounded in requests and time and talk only to the URL given.
-"""
+"""Latency: percentiles, per pipeline stage in-process (``hybrid-search bench engine``), and the
+report every latency run writes: ``<name>.json`` (with the machine description) and a PNG plot."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import platform
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from engine.pipeline import SearchOptions
 
 STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank", "total")
 
@@ -54,23 +50,17 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 def bench_engine(engine, queries: list[str], depths: list[int], concurrency: list[int], top_k: int = 5) -> dict:
     """Per-stage latency for each rerank depth (0 = no rerank), then QPS under concurrent load at
-    the deepest depth swept. The engine's reranker and depth are restored afterwards."""
+    the deepest depth swept."""
     report: dict = {"machine": machine(), "device": engine.device, "queries": len(queries), "depths": {}}
-    reranker, configured_depth = engine.reranker, engine.settings.rerank_depth
-
-    def use_depth(depth: int) -> None:
-        engine.reranker = reranker if depth > 0 else None
-        engine.settings.rerank_depth = max(depth, 1)
-
     for depth in depths:
-        use_depth(depth)
-        engine.stages(queries[0], top_k)  # warm-up
+        options = SearchOptions(rerank_depth=depth)
+        engine.stages(queries[0], top_k, options=options)  # warm-up
         per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
         for query in queries:
-            for stage, seconds in engine.stages(query, top_k).seconds.items():
+            for stage, seconds in engine.stages(query, top_k, options=options).seconds.items():
                 per_stage[stage].append(seconds)
         report["depths"][depth] = {s: percentiles(v) for s, v in per_stage.items() if v}
-    use_depth(max(depths))
+    deepest = SearchOptions(rerank_depth=max(depths))
     report["concurrency_rerank_depth"] = max(depths)
     report["concurrency"] = {}
     for workers in concurrency:
@@ -78,7 +68,7 @@ def bench_engine(engine, queries: list[str], depths: list[int], concurrency: lis
 
         def one(query: str, latencies: list[float] = latencies) -> None:
             started = time.perf_counter()
-            engine.search(query, top_k)
+            engine.search(query, top_k, options=deepest)
             latencies.append(time.perf_counter() - started)
 
         started = time.perf_counter()
@@ -86,7 +76,6 @@ def bench_engine(engine, queries: list[str], depths: list[int], concurrency: lis
             list(pool.map(one, queries))
         wall = time.perf_counter() - started
         report["concurrency"][workers] = {"qps": len(queries) / wall, **percentiles(latencies)}
-    engine.reranker, engine.settings.rerank_depth = reranker, configured_depth
     report["rerank_budget"] = rerank_budget(report["depths"])
     return report
 
@@ -109,85 +98,8 @@ def rerank_budget(depths: dict) -> dict:
     return {"rerank_ms_per_pair": per_pair, "deepest_depth_within_p95_ms": fits}
 
 
-async def _http_load(door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float) -> dict:
-    import httpx
-
-    latencies: list[float] = []
-    errors = 0
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for query in queries:
-        queue.put_nowait(query)
-
-    async def worker(client: httpx.AsyncClient, session) -> None:
-        nonlocal errors
-        while not queue.empty():
-            query = queue.get_nowait()
-            started = time.perf_counter()
-            try:
-                await _one_request(door, url, client, session, query, top_k)
-                latencies.append(time.perf_counter() - started)
-            except Exception:
-                errors += 1
-
-    started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        if door == "mcp":
-            from mcp import Client
-
-            async with contextlib.AsyncExitStack() as stack:  # sessions close in reverse, as anyio requires
-                opened = [await stack.enter_async_context(Client(url)) for _ in range(concurrency)]
-                await asyncio.gather(*(worker(client, s) for s in opened))
-        else:
-            await asyncio.gather(*(worker(client, None) for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    return {
-        "door": door,
-        "concurrency": concurrency,
-        "errors": errors,
-        "qps": len(latencies) / wall,
-        **percentiles(latencies or [0.0]),
-    }
-
-
-async def _one_request(door: str, url: str, client, session, query: str, top_k: int) -> None:
-    if door == "rest":
-        reply = await client.post(url, json={"query": query, "top_k": top_k})
-        reply.raise_for_status()
-        assert len(reply.json()["results"]) == top_k
-    elif door == "mcp":
-        result = await session.call_tool("search_nfcorpus", {"query": query, "top_k": top_k})
-        assert not result.is_error
-    elif door == "a2a":
-        body = {
-            "jsonrpc": "2.0",
-            "id": uuid.uuid4().hex,
-            "method": "message/send",
-            "params": {
-                "message": {
-                    "role": "user",
-                    "messageId": uuid.uuid4().hex,
-                    "kind": "message",
-                    "parts": [{"kind": "text", "text": json.dumps({"query": query, "top_k": top_k})}],
-                }
-            },
-        }
-        reply = await client.post(url, json=body)
-        assert reply.json()["result"]["status"]["state"] == "completed"
-    else:
-        raise ValueError(f"unknown front door {door!r} (rest, mcp or a2a)")
-
-
-def bench_http(
-    door: str, url: str, queries: list[str], concurrency: list[int], top_k: int = 5, timeout: float = 60
-) -> dict:
-    """End-to-end latency through one front door at each concurrency level."""
-    runs = [asyncio.run(_http_load(door, url, queries, c, top_k, timeout)) for c in concurrency]
-    return {"machine": machine(), "door": door, "url": url, "queries": len(queries), "runs": runs}
-
-
-def save(report: dict, name: str, out_dir: Path | None = None) -> Path:
-    """JSON plus a plot, under ``benchmarks/results/<machine>/``."""
-    out = out_dir or Path("benchmarks/results") / machine_name()
+def save(report: dict, name: str, out: Path) -> Path:
+    """JSON plus a plot in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")

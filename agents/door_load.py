@@ -1,0 +1,90 @@
+"""End-to-end load through one of a running server's doors (REST, MCP or A2A), sent as their
+clients send it: ``hybrid-search bench rest|mcp|a2a``. Bounded in requests and time; talks only to
+the URL given."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+
+from engine.latency import machine, percentiles
+
+
+async def door_load(door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float) -> dict:
+    """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for query in queries:
+        queue.put_nowait(query)
+
+    async def worker(client: httpx.AsyncClient, session) -> None:
+        nonlocal errors
+        while not queue.empty():
+            query = queue.get_nowait()
+            started = time.perf_counter()
+            try:
+                await _one_request(door, url, client, session, query, top_k)
+                latencies.append(time.perf_counter() - started)
+            except Exception:
+                errors += 1
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        if door == "mcp":
+            from mcp import Client
+
+            async with contextlib.AsyncExitStack() as stack:  # sessions close in reverse, as anyio requires
+                opened = [await stack.enter_async_context(Client(url)) for _ in range(concurrency)]
+                await asyncio.gather(*(worker(client, s) for s in opened))
+        else:
+            await asyncio.gather(*(worker(client, None) for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    return {
+        "door": door,
+        "concurrency": concurrency,
+        "errors": errors,
+        "qps": len(latencies) / wall,
+        **percentiles(latencies or [0.0]),
+    }
+
+
+async def _one_request(door: str, url: str, client, session, query: str, top_k: int) -> None:
+    if door == "rest":
+        reply = await client.post(url, json={"query": query, "top_k": top_k})
+        reply.raise_for_status()
+        assert len(reply.json()["results"]) == top_k
+    elif door == "mcp":
+        result = await session.call_tool("search_nfcorpus", {"query": query, "top_k": top_k})
+        assert not result.is_error
+    elif door == "a2a":
+        body = {
+            "jsonrpc": "2.0",
+            "id": uuid.uuid4().hex,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "role": "user",
+                    "messageId": uuid.uuid4().hex,
+                    "kind": "message",
+                    "parts": [{"kind": "text", "text": json.dumps({"query": query, "top_k": top_k})}],
+                }
+            },
+        }
+        reply = await client.post(url, json=body)
+        assert reply.json()["result"]["status"]["state"] == "completed"
+    else:
+        raise ValueError(f"unknown front door {door!r} (rest, mcp or a2a)")
+
+
+def bench_http(
+    door: str, url: str, queries: list[str], concurrency: list[int], top_k: int = 5, timeout: float = 60
+) -> dict:
+    """End-to-end latency through one front door at each concurrency level."""
+    runs = [asyncio.run(door_load(door, url, queries, c, top_k, timeout)) for c in concurrency]
+    return {"machine": machine(), "door": door, "url": url, "queries": len(queries), "runs": runs}

@@ -1,0 +1,122 @@
+"""The REST door: ``POST /search_nfcorpus`` (the MCP tool's twin), ``POST /search``, ``/documents``
+(POST, and GET / DELETE by id), the benchmark solver, ``/health``, ``/metrics``, ``/openapi.json``
+and the agent protocol's ``/v1`` routes, declared as one route list.
+
+Every error answers ``{"error": ...}`` with the status its kind means (:func:`rest`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agents.chat_responder import GenerationFailed
+from engine.live import DocumentNotFound, NotYetSearchable
+from engine.wal import StorageFull
+from serving.admission import Overloaded
+from serving.openapi import openapi_document
+from serving.protocol_routes import ProtocolDoor
+from serving.replies import to_chunks, to_response
+from serving.requests import BadRequest, BodyError, json_body, validated
+from serving.search_service import REFRESH, QueryTimeout, ReadOnly, SearchService
+
+SOLVER_PATH = "/api/a2a/purple-agent"
+Handler = Callable[[Request], Awaitable[Response]]
+# what each failure means to an HTTP caller (a BodyError carries its own status)
+STATUS: dict[type[Exception], int] = {
+    BadRequest: 422,
+    DocumentNotFound: 404,
+    ReadOnly: 405,
+    QueryTimeout: 504,
+    GenerationFailed: 502,
+    StorageFull: 507,  # nothing was logged: the caller may retry once there is room
+    NotYetSearchable: 503,  # logged and kept, but ?refresh=wait_for could not be honoured
+    Overloaded: 503,
+}
+
+
+def rest(handler: Handler) -> Handler:
+    """A handler whose errors become ``{"error": ...}`` with the status each kind means."""
+
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except BodyError as exc:
+            return JSONResponse({"error": str(exc)}, exc.status)
+        except tuple(STATUS) as exc:
+            message = f"no document {exc.args[0]!r}" if isinstance(exc, DocumentNotFound) else str(exc)
+            retry = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+            status = next(code for kind, code in STATUS.items() if isinstance(exc, kind))
+            return JSONResponse({"error": message}, status, headers=retry)
+
+    return answer
+
+
+def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
+    """Every REST route of a server around ``service``; ``door`` serves the agent protocol."""
+    settings = service.settings
+    limit = settings.max_body_bytes
+    spec = openapi_document(settings, service.search_request, keyed_protocol=bool(door.keys))
+
+    def search(respond) -> Handler:
+        async def handler(request: Request) -> Response:
+            query = validated(service.search_request, await json_body(request, limit))
+            return JSONResponse(respond(await service.search(query, door="rest")).model_dump())
+
+        return handler
+
+    async def post_document(request: Request) -> Response:
+        ack = await service.upsert(await json_body(request, limit), wait=_waits(request))
+        return JSONResponse(ack, status_code=200 if ack["replaced"] else 201)
+
+    async def get_document(request: Request) -> Response:
+        return JSONResponse(await service.document(request.path_params["document_id"]))
+
+    async def delete_document(request: Request) -> Response:
+        return JSONResponse(await service.delete(request.path_params["document_id"], wait=_waits(request)))
+
+    async def solver_card(request: Request) -> Response:
+        return JSONResponse(service.solver.describe())
+
+    async def solve(request: Request) -> Response:
+        return JSONResponse(await service.solve(await json_body(request, limit)))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({**service.health(), "agent_protocol": door.describe()})
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(spec)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return [
+        Route("/search_nfcorpus", rest(search(to_response)), methods=["POST"]),
+        Route("/search", rest(search(to_chunks)), methods=["POST"]),
+        Route("/documents", rest(post_document), methods=["POST"]),
+        Route("/documents/{document_id:path}", rest(get_document), methods=["GET"]),
+        Route("/documents/{document_id:path}", rest(delete_document), methods=["DELETE"]),
+        Route(SOLVER_PATH, solver_card, methods=["GET"]),
+        Route(SOLVER_PATH, rest(solve), methods=["POST"]),
+        *door.routes(),
+        Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+
+def _waits(request: Request) -> bool:
+    """``?refresh=wait_for`` (as Elasticsearch spells it): answer once the change is searchable."""
+    unknown = sorted(set(request.query_params) - {"refresh"})
+    if unknown:
+        raise BadRequest(f"unknown query parameter {unknown[0]!r}; this route takes only 'refresh'")
+    refresh = request.query_params.get("refresh", "false")
+    if refresh not in REFRESH:
+        raise BadRequest(f"refresh must be one of {', '.join(REFRESH)}, got {refresh!r}")
+    return refresh in ("wait_for", "true")
