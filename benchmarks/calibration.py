@@ -22,6 +22,7 @@ from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.pipeline import HybridEngine
 from engine.progress import track
+from engine.records import write_result
 
 
 def main() -> None:
@@ -59,9 +60,7 @@ def main() -> None:
             "observed_rate": float(np.mean(labels)),
             "bins": table,
         }
-    args.output.mkdir(parents=True, exist_ok=True)
-    path = args.output / f"calibration-{args.split}.json"
-    path.write_text(json.dumps(report, indent=2, default=list) + "\n")
+    path = write_result(args.output / f"calibration-{args.split}.json", report, vars(args))
     _plot(report, path.with_suffix(".png"))
     print(json.dumps({k: {"ece": v["ece"], "observed": v["observed_rate"]} for k, v in report["rankings"].items()}))
 

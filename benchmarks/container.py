@@ -31,6 +31,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from engine.records import write_result
+
 ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL_BASE = "nvidia/cuda:13.0.1-base-ubuntu24.04"  # Dockerfile.cuda's default BASE_IMAGE
 STANDIN = "localhost/hybrid-search-base"
@@ -531,14 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="hybrid-search-container-"))
     check = Check()
-    commit = sh("git", "rev-parse", "HEAD", cwd=ROOT).stdout.strip()
     inputs = ["Dockerfile.cuda", ".dockerignore", "compose.yaml", "pyproject.toml", "README.md"]
     inputs += ["engine", "index_build", "agents", "serving", "benchmarks"]
     dirty = sh("git", "status", "--porcelain", "--", *inputs, cwd=ROOT).stdout.split("\n")
     dirty = [line for line in dirty if line.strip() and "benchmarks/results" not in line]
     report: dict = {
-        "command": "python -m benchmarks.container " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit,
         "build_context": "the working tree" if args.worktree else "git archive HEAD",
         "uncommitted_changes": dirty if args.worktree else "not in the image",
         "host_cpus": os.cpu_count(),
@@ -615,8 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     report["checks"] = check.results
     report["passed"] = all(c["ok"] for c in check.results.values())
     report["total_seconds"] = round(time.perf_counter() - started, 1)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.output, report, vars(args))
     shutil.rmtree(work, ignore_errors=True)
     failed = [n for n, c in check.results.items() if not c["ok"]]
     print(

@@ -35,10 +35,11 @@ from engine import threads
 from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
-from engine.latency import machine, machine_name
+from engine.latency import machine_name
 from engine.pair_cache import PairCache
 from engine.pipeline import HybridEngine
 from engine.progress import track
+from engine.records import write_result
 
 DEPTHS = (10, 20, 30)
 FLOP_LIMIT = "2 cores x 2 FMA x 8 fp32 lanes x 2 FLOP x ~2.5-3 GHz = 160-190 GFLOP/s"
@@ -219,13 +220,12 @@ def main() -> None:
         rows.append(row)
         runs.append(run)
         print(json.dumps({k: v for k, v in row.items() if k != "quality"}), flush=True)
-    report = {"machine": machine(), "split": args.split, "fp32_limit": FLOP_LIMIT, "baseline": rows[0]["variant"]}
+    report = {"split": args.split, "fp32_limit": FLOP_LIMIT, "baseline": rows[0]["variant"]}
     report["variants"] = rows
     if args.replay:
         report["cache_replay"] = replay_hit_rate(args, dataset)
     out = args.output or Path("benchmarks/results") / machine_name() / "cpu-rerank.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(out, report, vars(args))
     print(markdown(report))
     print(f"wrote {out}")
 

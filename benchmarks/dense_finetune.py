@@ -15,7 +15,6 @@ the encoder and the index live in a temporary folder (no weights are kept).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import tempfile
 import time
@@ -29,6 +28,7 @@ from engine.dataset import load_dataset
 from engine.evaluation import evaluate_run, paired_test, stage_runs
 from engine.models import load_encoder, pick_device
 from engine.pipeline import HybridEngine
+from engine.records import write_result
 from index_build.builder import build_index
 from index_build.corpus import beir_corpus
 from index_build.schedule import warmup_linear
@@ -64,22 +64,15 @@ def main() -> None:
     }
     for stage, row in report.items():
         row["after vs before"] = paired_test(dev, after[stage], before[stage])
-    args.output.write_text(
-        json.dumps(
-            {
-                "command": f"python -m benchmarks.dense_finetune --steps {args.steps} --batch {args.batch}"
-                f" --lr {args.lr} --max-length {args.max_length} --seed {args.seed}",
-                "base_encoder": base.manifest.encoder,
-                "loss": "MultipleNegativesRankingLoss, 1 positive (sampled by grade) + 1 hard negative per query",
-                "train_seconds": trained,
-                "loss_first_20": float(np.mean(losses[:20])),
-                "loss_last_20": float(np.mean(losses[-20:])),
-                "dev": report,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    body = {
+        "base_encoder": base.manifest.encoder,
+        "loss": "MultipleNegativesRankingLoss, 1 positive (sampled by grade) + 1 hard negative per query",
+        "train_seconds": trained,
+        "loss_first_20": float(np.mean(losses[:20])),
+        "loss_last_20": float(np.mean(losses[-20:])),
+        "dev": report,
+    }
+    write_result(args.output, body, vars(args))
     for stage, row in report.items():
         print(f"{stage:8} nDCG@10 {row['before']['nDCG@10']:.4f} -> {row['after']['nDCG@10']:.4f}")
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -105,11 +103,8 @@ def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
     engine.close()
 
     chunks = len(texts)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {
-        "command": f"python -m benchmarks.files_build --files {files} --live {live}",
-        "commit": commit,
-        "machine": {"cpus": os.cpu_count(), "simd": _simd()},
+        "simd": _simd(),  # the encoder's FLOP limit depends on it
         "files": made,
         "skipped": len(corpus.skipped),
         "make_files_s": round(make_s, 1),
@@ -129,6 +124,8 @@ def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
 
 
 def main() -> None:
+    from engine.records import write_result
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
     p.add_argument("--files", type=int, default=2000)
@@ -140,8 +137,7 @@ def main() -> None:
         report = measure(args.data, args.files, args.live, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report, vars(args))
     print(json.dumps(report, indent=2))
 
 

@@ -3,14 +3,13 @@
     python -m benchmarks.fusion_sweep --split dev
 
 Retrieval runs once per query; fusion is recomputed for every setting, so the sweep is cheap.
-Writes ``benchmarks/results/fusion-sweep-<split>.json`` sorted by nDCG@10.
+Writes ``benchmarks/results/fusion-sweep-<split>.json``: ``rows`` sorted by nDCG@10.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 from pathlib import Path
 
 from engine.config import Settings
@@ -18,6 +17,7 @@ from engine.dataset import load_dataset
 from engine.evaluation import evaluate_run
 from engine.fusion import reciprocal_rank_fusion
 from engine.pipeline import HybridEngine
+from engine.records import write_result
 
 
 def main() -> None:
@@ -61,8 +61,7 @@ def main() -> None:
                 }
             )
     rows.sort(key=lambda r: -r["nDCG@10"])
-    out = Path("benchmarks/results") / f"fusion-sweep-{args.split}.json"
-    out.write_text(json.dumps(rows, indent=1) + "\n")
+    write_result(Path("benchmarks/results") / f"fusion-sweep-{args.split}.json", {"rows": rows}, vars(args))
     for row in rows[:8]:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     default = next(

@@ -13,7 +13,6 @@ bf16 peak the measured tokens used.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -165,6 +164,7 @@ def _onnx_status() -> dict:
 
 def main() -> None:
     from engine.config import Settings
+    from engine.records import write_result
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reranker", default=None, help="default: the index's reranker")
@@ -175,8 +175,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     report = measure(args.reranker or Settings().reranker_path, args.queries, args.depth, args.batch, args.max_length)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report, vars(args))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ reranked as the engine reranks (served depth and blend). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from engine.dataset import load_dataset
 from engine.evaluation import continue_with_fused, evaluate_run, paired_test
 from engine.learned_fusion import MODEL_FILE, LearnedFusion
 from engine.pipeline import HybridEngine
+from engine.records import write_result
 from index_build.train_fusion import LEAVES, TREES, collect, fit, training_split
 
 VARIANTS = ((LEAVES, TREES), (31, 300), (7, 100))
@@ -71,20 +71,9 @@ def main() -> None:
         name = f"lambdamart {leaves} leaves, {trees} trees"
         scored(name, {q: fusion.rank(dataset.queries[q], r.retrieved, r.rrf) for q, r in results.items()})
         report[name]["vs rrf"] = paired_test(dev, runs[name], runs["rrf"])
-    args.output.write_text(
-        json.dumps(
-            {
-                "command": "python -m benchmarks.learned_fusion"
-                + (f" --train-queries {args.train_queries}" if args.train_queries else ""),
-                "train_split": split,
-                "train_queries": len(train_ids),
-                **{k: v for k, v in engine.describe().items() if k != "fusion"},
-                "dev": report,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    described = {k: v for k, v in engine.describe().items() if k != "fusion"}  # fusion: each variant's own
+    body = {"train_split": split, "train_queries": len(train_ids), **described, "dev": report}
+    write_result(args.output, body, vars(args))
     for name, metrics in report.items():
         scores = "  ".join(f"{m} {metrics[m]:.4f}" for m in ("nDCG@5", "nDCG@10", "Recall@100", "in-list NDCG@5"))
         print(f"{name:40s} {scores}")

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from engine.config import Settings
 from engine.documents import DocumentIn, Filters
-from engine.latency import machine, machine_name, percentiles
+from engine.latency import machine_name, percentiles
+from engine.records import write_result
 
 
 def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:
@@ -156,7 +157,7 @@ def main() -> None:
     from engine.dataset import load_dataset
 
     queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())[: args.queries]
-    report: dict = {"machine": machine(), "index": str(args.index_dir)}
+    report: dict = {"index": str(args.index_dir)}
     with tempfile.TemporaryDirectory(prefix="live-bench-") as tmp:
         copy = Path(tmp) / "index"
 
@@ -169,9 +170,7 @@ def main() -> None:
         settings = fresh()
         report["search"] = [search_latency(settings, queries, False), search_latency(settings, queries, True)]
         report["recovery"] = [recovery(fresh(), int(n)) for n in args.recovery.split(",")]
-    out = args.output or Path("benchmarks/results") / machine_name() / "live-ingest.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.output or Path("benchmarks/results") / machine_name() / "live-ingest.json", report, vars(args))
     print(json.dumps(report, indent=2))
 
 

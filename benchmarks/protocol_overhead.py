@@ -24,8 +24,9 @@ from agents.system import RagRequest, build_responder, build_router, rag_turn
 from agents.traces import TraceStore
 from engine.config import Settings
 from engine.dataset import load_dataset
-from engine.latency import machine, machine_name, percentiles
+from engine.latency import machine_name, percentiles
 from engine.pipeline import HybridEngine
+from engine.records import write_result
 
 
 def in_process(queries: list[str]) -> dict:
@@ -113,12 +114,11 @@ def main() -> None:
     args = parser.parse_args()
     queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())[: args.queries]
     out = args.output or Path("benchmarks/results") / machine_name() / "protocol-overhead.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"machine": machine(), "queries": len(queries), "in_process": in_process(queries)}
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    report = {"queries": len(queries), "in_process": in_process(queries)}
+    write_result(out, report, vars(args))
     if args.url:  # start the server with a high --agent-rate, or the load part meets the rate limit
         report["http"] = over_http(args.url.rstrip("/"), queries)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_result(out, report, vars(args))
     print(json.dumps(report, indent=2))
 
 

@@ -37,7 +37,8 @@ import httpx
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
 from engine.config import Settings
 from engine.dataset import load_dataset
-from engine.latency import machine, machine_name, percentiles
+from engine.latency import machine_name, percentiles
+from engine.records import write_result
 
 SEARCH = "/search_nfcorpus"
 
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     # no pair cache: the same queries come back between parts and would be answered from it
     settings = Settings(index_dir=args.index_dir, device="cpu", rerank_cache_size=0)
     queries = list(load_dataset(args.data).split_queries("dev").values())
-    report: dict = {"machine": machine(), "ray_cpus": args.cpus, "seconds": args.seconds}
+    report: dict = {"ray_cpus": args.cpus, "seconds": args.seconds}
     if "hop" not in skip:  # the single process first, alone on the machine
         port, log = free_port(), Path("/tmp/ray-scale-serve.log")
         served = serve_args(args.index_dir, port, "--read-only", "--rerank-cache-size", "0")
@@ -359,9 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.close()
     out = (args.output or Path("benchmarks/results") / machine_name()) / "ray-scale.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    earlier = json.loads(out.read_text()) if out.is_file() else {}  # parts skipped keep their last figures
-    out.write_text(json.dumps(earlier | report, indent=1) + "\n")
+    write_result(out, report, vars(args), update=True)  # parts skipped keep their last figures
     print(f"wrote {out}")
     return 0
 

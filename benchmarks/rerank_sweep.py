@@ -5,13 +5,12 @@
 The cross-encoder scores each query's fused top ``max(depths)`` once; every (depth, blend) setting
 is then recomputed from those scores, so the sweep costs one reranking pass. Each row carries its
 nDCG@10 gain over the fused order and a paired t-test's p-value. Writes
-``benchmarks/results/rerank-sweep-<split>-<fusion>.json`` sorted by nDCG@10.
+``benchmarks/results/rerank-sweep-<split>-<fusion>.json``: ``rows`` sorted by nDCG@10.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from tqdm import tqdm
@@ -21,6 +20,7 @@ from engine.dataset import load_dataset
 from engine.evaluation import continue_with_fused, evaluate_run, paired_test
 from engine.fusion import blend_reranking
 from engine.pipeline import HybridEngine
+from engine.records import write_result
 
 BLENDS = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
 
@@ -36,7 +36,9 @@ def main() -> None:
     )
     parser.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker)")
     parser.add_argument("--max-length", type=int, help="tokens per pair (default: the reranker's own)")
-    parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/rerank-sweep-<split>.json)")
+    parser.add_argument(
+        "--output", type=Path, help="JSON file (default benchmarks/results/rerank-sweep-<split>-<fusion>.json)"
+    )
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
     dataset = load_dataset(args.data)
@@ -79,7 +81,7 @@ def main() -> None:
             )
     rows.sort(key=lambda r: -r["nDCG@10"])
     out = args.output or Path("benchmarks/results") / f"rerank-sweep-{args.split}-{args.fusion}.json"
-    out.write_text(json.dumps(rows, indent=1) + "\n")
+    write_result(out, {"rows": rows}, vars(args))
     for row in rows:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
 

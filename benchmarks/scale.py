@@ -12,7 +12,6 @@ against exact search. Encoding cost is linear and measured separately (``hybrid-
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -22,8 +21,9 @@ from engine.config import Settings
 from engine.dataset import load_dataset
 from engine.dense import build_faiss, encode
 from engine.index_dir import DENSE_FILE
-from engine.latency import machine, machine_name, percentiles
+from engine.latency import machine_name, percentiles
 from engine.models import load_encoder
+from engine.records import write_result
 
 HNSW_LIMIT = 200_000  # HNSW over 1M vectors takes many minutes to build on 2 cores: opt in with --hnsw-limit
 
@@ -97,8 +97,7 @@ def main() -> None:
             print(row, flush=True)
             del index
     out = Path("benchmarks/results") / machine_name()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+    write_result(out / "scale.json", {"rows": rows}, vars(args))
     plot(rows, out / "scale.png")
     print(f"saved {out / 'scale.json'} and scale.png")
 

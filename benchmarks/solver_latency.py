@@ -18,7 +18,8 @@ import httpx
 
 from engine.config import Settings
 from engine.dataset import load_dataset
-from engine.latency import machine, machine_name, percentiles
+from engine.latency import machine_name, percentiles
+from engine.records import write_result
 
 POLICY = {"rules": [{"id": "r1", "type": "deny", "keywords": ["dose", "dosage"], "pattern": r"mg\s*/\s*day"}]}
 
@@ -43,13 +44,10 @@ def main() -> None:
     tasks = queries[: args.tasks]
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": q} for i, q in enumerate(queries[-20:])]
     report = {
-        "machine": machine(),
         "tasks": len(tasks),
         "runs": [run(args.url.rstrip("/"), tasks, []), run(args.url.rstrip("/"), tasks, history)],
     }
-    out = Path("benchmarks/results") / machine_name() / "solver-latency.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(Path("benchmarks/results") / machine_name() / "solver-latency.json", report, vars(args))
     print(json.dumps(report["runs"], indent=2))
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
-from engine.latency import machine, percentiles
+from engine.latency import percentiles
+from engine.records import write_result
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -56,7 +57,7 @@ def measure(index_dir: Path, requests: int, work: Path) -> dict:
     cert, key = _certificate(work)
     verify = ssl.create_default_context(cafile=str(cert))
     search = {"query": "does vitamin D prevent falls?", "top_k": 5}
-    report: dict = {"machine": machine(), "requests": requests, "runs": {}}
+    report: dict = {"requests": requests, "runs": {}}
     os.environ["SSL_CERT_FILE"] = str(cert)  # the health poll that waits for the TLS server trusts it
     tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
     for name, extra, scheme in (("plain", [], "http"), ("tls", tls, "https")):
@@ -83,8 +84,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         report = measure(args.index_dir, args.requests, Path(work))
-    report["command"] = f"python -m benchmarks.tls_cost --requests {args.requests}"
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report, vars(args))
     print(json.dumps({k: v["tls_extra_ms_p50"] for k, v in report["runs"].items()}, indent=2))
 
 

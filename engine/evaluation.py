@@ -8,13 +8,13 @@ It is not standard nDCG; both are reported, named apart.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engine.pipeline import AS_LOADED, SearchOptions
 from engine.progress import track
+from engine.records import write_result
 
 Run = dict[str, list[str]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -102,7 +102,8 @@ def write_trec_run(path: Path, run: Run, tag: str) -> None:
 
 
 def write_summary(path: Path, summary: dict) -> None:
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    """An evaluation's summary, with the command, commit and machine that made it."""
+    write_result(path, summary)
 
 
 def stage_runs(

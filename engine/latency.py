@@ -3,9 +3,7 @@ report every latency run writes: ``<name>.json`` (with the machine description) 
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,28 +11,20 @@ from pathlib import Path
 import numpy as np
 
 from engine.pipeline import SearchOptions
+from engine.records import write_result
 
 STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank", "total")
 
 
-def machine() -> dict:
-    """What the numbers were measured on."""
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+def machine_name() -> str:
+    """The results folder of this machine: its GPU's name, else ``cpu-<cores>core``."""
     try:
         import torch
 
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
-        pass
-    return info
-
-
-def machine_name() -> str:
-    info = machine()
-    return info.get("gpu", f"cpu-{info['cpus']}core").replace(" ", "-").lower()
+        gpu = None
+    return (gpu or f"cpu-{os.cpu_count()}core").replace(" ", "-").lower()
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
@@ -51,7 +41,7 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 def bench_engine(engine, queries: list[str], depths: list[int], concurrency: list[int], top_k: int = 5) -> dict:
     """Per-stage latency for each rerank depth (0 = no rerank), then QPS under concurrent load at
     the deepest depth swept."""
-    report: dict = {"machine": machine(), "device": engine.device, "queries": len(queries), "depths": {}}
+    report: dict = {"device": engine.device, "queries": len(queries), "depths": {}}
     for depth in depths:
         options = SearchOptions(rerank_depth=depth)
         engine.stages(queries[0], top_k, options=options)  # warm-up
@@ -98,11 +88,9 @@ def rerank_budget(depths: dict) -> dict:
     return {"rerank_ms_per_pair": per_pair, "deepest_depth_within_p95_ms": fits}
 
 
-def save(report: dict, name: str, out: Path) -> Path:
-    """JSON plus a plot in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+def save(report: dict, name: str, out: Path, settings: dict | None = None) -> Path:
+    """JSON (with its provenance) plus a plot in ``out``."""
+    path = write_result(out / f"{name}.json", report, settings)
     _plot(report, out / f"{name}.png")
     return path
 

@@ -98,14 +98,18 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     from engine.dataset import load_dataset
 
     dataset = load_dataset(settings.data_dir)
+    reports = Path(settings.index_dir) / REPORTS_DIR
     if args.agent_url:
         from agents.evaluator import evaluate_agent
+        from engine.records import write_result
 
         _checked("top_k", args.top_k)
         report = evaluate_agent(
             args.agent_url, dataset, args.split, args.num_queries or 100, args.seed, args.top_k, args.timeout
         )
         console.print_json(json.dumps(report))
+        path = write_result((args.output or reports / f"agent-eval-{args.split}") / "agent-eval.json", report)
+        console.print(f"saved {path}")
         return 0 if report["failures"] == 0 else 1
     from engine.evaluation import evaluate_run, paired_test, sample_queries, stage_runs, write_summary, write_trec_run
     from engine.pipeline import HybridEngine
@@ -119,7 +123,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     if "learned" in runs:
         pairs.append(("learned", "rrf"))
     gains = {f"{a} vs {b}": paired_test(qrels, runs[a], runs[b]) for a, b in pairs}
-    out = args.output or Path(settings.index_dir) / REPORTS_DIR / f"eval-{args.split}"
+    out = args.output or reports / f"eval-{args.split}"
     out.mkdir(parents=True, exist_ok=True)
     for stage, run in runs.items():
         write_trec_run(out / f"run.{stage}.trec", run, stage)
@@ -287,6 +291,7 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
     dataset = load_dataset(settings.data_dir)
     queries = list(dataset.split_queries("dev").values())[: args.num_queries]
     concurrency = _int_list(args.concurrency, "--concurrency")
+    run = {"target": args.target, "queries": len(queries), "concurrency": concurrency}
     if args.target == "engine":
         from engine.models import pick_device
         from engine.pipeline import HybridEngine
@@ -304,15 +309,16 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
             }
             settings = settings.model_copy(update=untrained)
         # no pair cache: each depth re-ranks the queries the shallower one did, and would read its scores
-        report = bench_engine(
-            HybridEngine(settings.model_copy(update={"rerank_cache_size": 0})), queries, depths, concurrency
-        )
+        engine = HybridEngine(settings.model_copy(update={"rerank_cache_size": 0}))
+        report = bench_engine(engine, queries, depths, concurrency)
+        run |= _search_settings(settings, engine)
     else:
         if not args.url:
             raise ValueError(f"--url is required to benchmark the {args.target} front door")
         report = bench_http(args.target, args.url, queries, concurrency)
+        run["url"] = args.url
     out = args.output or Path(settings.index_dir) / REPORTS_DIR / machine_name()
-    path = save(report, args.name or args.target, out)
+    path = save(report, args.name or args.target, out, run)
     console.print_json(json.dumps(report))
     console.print(f"saved {path} and its plot")
     return 0

@@ -49,6 +49,7 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
     assert set(summary["stages"]) == {"bm25", "dense", "memory", "rrf", "learned"}
     assert set(summary["gain_ndcg@10"]) == {"learned vs rrf"}
     assert summary["stages"]["rrf"]["queries"] == 8
+    assert summary["provenance"]["machine"]["gflops"] > 0  # written through engine.records
     lines = (tmp_path / "run.rrf.trec").read_text().splitlines()
     assert lines[0].split()[1:4:2] == ["Q0", "1"] and len(lines) == 8 * 32
 

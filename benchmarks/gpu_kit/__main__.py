@@ -20,14 +20,13 @@ def check(out: Path) -> int:
     import torch
 
     from engine.config import Settings
-    from engine.latency import machine
     from engine.pipeline import HybridEngine
+    from engine.records import write_result
 
     engine = HybridEngine(Settings(rerank=False))
     hits = engine.search("does vitamin D prevent falls?", 5)
     versions = {n: md.version(n) for n in ("torch", "transformers", "sentence-transformers", "faiss-cpu", "numpy")}
     report = {
-        "machine": machine(),
         "cuda": torch.version.cuda,
         "capability": list(torch.cuda.get_device_capability(0)),
         "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
@@ -36,8 +35,8 @@ def check(out: Path) -> int:
         "smoke_search": [hit.doc_id for hit in hits],
         "install_seconds": float(Path("/tmp/gpukit/installed").read_text()),
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
+    write_result(out, report)
     return 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.reliability import faults, fuzz, load, server
+from engine.records import write_result
 
 RESULTS = Path("benchmarks/results")
 log = logging.getLogger("benchmarks.reliability")
@@ -147,7 +148,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parts = set(args.parts.split(","))
-    report = json.loads(args.out.read_text()) if args.out.exists() else {}
+    report: dict = {}  # parts not run keep their last figures (write_result's update)
     with tempfile.TemporaryDirectory(prefix="reliability-") as tmp:
         work = Path(tmp)
         index = work / "index"
@@ -157,17 +158,18 @@ def main() -> None:
             small = fuzz_index(args.data, work / "fuzz-index")
             report["fuzz"] = fuzz_all(small, work, args.cases, args.mcp_calls, args.seed)
             report["fuzz"]["seconds"] = round(time.perf_counter() - started)
-            _save(report, args.out)
+            write_result(args.out, report, vars(args), update=True)
         if "load" in parts:
             levels = [int(n) for n in args.levels.split(",")]
             report["load"] = load_all(index, work, levels, args.seconds, args.data)
             load.plot(
                 {k: v for k, v in report["load"].items() if k in load.DOORS}, args.out.with_name("reliability-load.png")
             )
-            _save(report, args.out)
+            write_result(args.out, report, vars(args), update=True)
         if "faults" in parts:  # its own file, as `python -m benchmarks.reliability.faults` writes it
-            _save(faults.run_faults(args.index_dir, work / "faults", args.rounds), args.out.with_name(FAULTS_FILE))
-    print(json.dumps(summary(report), indent=2))
+            figures = faults.run_faults(args.index_dir, work / "faults", args.rounds)
+            write_result(args.out.with_name(FAULTS_FILE), figures, vars(args))
+    print(json.dumps(summary(json.loads(args.out.read_text()) if args.out.is_file() else {}), indent=2))
 
 
 def summary(report: dict) -> dict:
@@ -188,11 +190,6 @@ def summary(report: dict) -> dict:
             if door in fuzzed
         },
     }
-
-
-def _save(report: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import httpx
 
 from benchmarks.reliability.server import ServerExited, free_port, serve_args, start_server, stop_server
 from engine.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
+from engine.records import write_result
 
 if TYPE_CHECKING:
     from starlette.testclient import TestClient
@@ -534,8 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         figures = run_faults(args.index_dir.resolve(), Path(tmp), args.rounds, args.reranker)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    write_result(args.out, figures, vars(args))
     print(json.dumps(figures, indent=2))
     return 0
 
