@@ -3,24 +3,29 @@
 Tools: ``search_nfcorpus`` (the benchmark's, unchanged), ``search`` (filters, threshold, chunk
 fields) and, with ``--mcp-writes``, ``add_document`` / ``delete_document``. Each tool's arguments
 are read from the request model its REST twin validates with, so the two cannot drift.
+Resources: ``document://{document_id}``, a whole document with its chunks and metadata (each
+``search`` hit names its URI), so an agent can search, then read. Prompt: ``answer_from_documents``.
 """
 
 import inspect
 import io
+import json
 import os
 import sys
 from collections.abc import Callable
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
 
 from engine.documents import DocumentIn
 from engine.live import DocumentNotFound, NotYetSearchable
 from engine.wal import StorageFull
 from serving.admission import Overloaded
-from serving.replies import ChunkResponse, SearchResponse, to_chunks, to_response
+from serving.replies import DOCUMENT_URI, ChunkResponse, SearchResponse, to_chunks, to_response
 from serving.requests import BadRequest, validated
 from serving.search_service import QueryTimeout, ReadOnly, SearchService
 
@@ -100,7 +105,47 @@ def build_mcp_server(service: SearchService) -> MCPServer:
             except FAILURES as exc:
                 raise ToolError(str(exc)) from None
 
+    @server.resource(
+        DOCUMENT_URI,
+        name="document",
+        title="A whole document",
+        description="A document with all its chunks and metadata; the search tool's hits name it in resource_uri.",
+        mime_type="application/json",
+    )
+    async def document(document_id: str) -> str:
+        try:
+            return json.dumps(await service.document(document_id), ensure_ascii=False)
+        except DocumentNotFound:  # INVALID_PARAMS with data.uri: resource-not-found as MCP 2026-07-28 has it
+            raise ResourceNotFoundError(f"no document {document_id!r}") from None
+
+    @server.prompt(
+        name="answer_from_documents",
+        title="Answer from the indexed documents",
+        description="Answer a question from this index only: search, read the best documents whole, cite them.",
+    )
+    def answer_from_documents(question: str) -> str:
+        return (
+            f"Answer this question from the indexed documents only: {question}\n\n"
+            "Call the `search` tool with it; read the whole documents of the best hits through their"
+            " `resource_uri`; cite the document_id behind each claim; say so when the documents do not answer it."
+        )
+
+    server.middleware.append(_known_prompts(server))
     return server
+
+
+def _known_prompts(server: MCPServer):
+    """``prompts/get`` of a prompt this server does not have is the caller's error (-32602), not an
+    internal one: the library answers it with code 0."""
+
+    async def check(ctx, call_next):
+        if ctx.method == "prompts/get":
+            name = (ctx.params or {}).get("name")
+            if name not in {prompt.name for prompt in await server.list_prompts()}:
+                raise MCPError(code=INVALID_PARAMS, message=f"unknown prompt {name!r}")
+        return await call_next(ctx)
+
+    return check
 
 
 def run_stdio(settings) -> None:

@@ -1,5 +1,7 @@
 """What the search doors answer: the benchmark's documents, or chunks with their fields."""
 
+from urllib.parse import quote
+
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -7,6 +9,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.pipeline import Hit
+
+DOCUMENT_URI = "document://{document_id}"  # the MCP resource template a hit's whole document is read at
+
+
+def document_uri(document_id: str) -> str:
+    """The resource URI of a document (its id percent-encoded, so any id makes one URI)."""
+    return DOCUMENT_URI.format(document_id=quote(document_id, safe=""))
 
 
 class SearchResult(BaseModel):
@@ -30,6 +39,7 @@ class ChunkResult(SearchResult):
         description="probability that the hit is relevant (calibrated on training judgments; without them, the"
         " cosine of query and chunk): what similarity_threshold compares"
     )
+    resource_uri: str = Field(description="the whole document with all its chunks: MCP resources/read of this URI")
 
 
 class ChunkResponse(BaseModel):
@@ -49,6 +59,7 @@ def to_chunks(hits: list[Hit]) -> ChunkResponse:
                 source_document=h.source_document,
                 metadata=h.metadata,
                 similarity_score=h.similarity_score,
+                resource_uri=document_uri(h.document_id),
             )
             for h in hits
         ]
