@@ -161,8 +161,10 @@ def main() -> None:
         report = measure(args.index_dir, queries, args.requests, Path(work), receiver)
     report["in_process"] = span_cost(receiver)
     report["command"] = f"python -m benchmarks.otel_cost --requests {args.requests}"
-    git = ["git", "-C", str(ROOT), "rev-parse", "HEAD"]
-    report["git_commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip()
+    git = ["git", "-C", str(ROOT)]
+    report["git_commit"] = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    report["git_uncommitted_changes"] = bool(changed.stdout.strip())
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     summary = {m: {k: v for k, v in r.items() if "extra" in k} for m, r in report["runs"].items()}
     print(json.dumps({**summary, "in_process": report["in_process"]}, indent=2))
