@@ -93,8 +93,8 @@ def traces_url(endpoint: str) -> str:
 
 
 class OncePerMinute(logging.Filter):
-    """Lets a logger's warnings through at most once a minute per message (a collector that is down
-    would otherwise log every dropped span or failed batch)."""
+    """Lets a logger's records through at most once a minute per message (a collector that is down
+    would otherwise log every dropped span and every failed batch)."""
 
     def __init__(self, every_s: float = 60.0) -> None:
         super().__init__()

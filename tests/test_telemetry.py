@@ -412,12 +412,13 @@ def test_a_collector_down_or_slow_never_holds_a_request(index_dir, tmp_path, col
     endpoint = receiver.url if receiver else f"http://127.0.0.1:{free_port()}"  # nothing listens there
     proc, url = _serve(index_dir, tmp_path / "serve.log", endpoint)
     try:
-        took = []
+        took, traces = [], []
         with httpx.Client(timeout=30) as client:
             for i in range(12):
                 started = time.perf_counter()
                 reply = client.post(url + "/search", json={"query": f"arsenic rice {i}", "top_k": 3})
                 took.append(time.perf_counter() - started)
+                traces.append(reply.headers["traceparent"].split("-")[1])
                 assert reply.status_code == 200 and len(reply.json()["results"]) == 3
                 time.sleep(0.25)  # spread over several export rounds
         # an export waits up to 3 s for this collector; a request that waited on one would show it
@@ -427,6 +428,9 @@ def test_a_collector_down_or_slow_never_holds_a_request(index_dir, tmp_path, col
         while not tried():
             assert time.time() < deadline, "the exporter never tried the collector"
             time.sleep(0.2)
+        if receiver:  # what the slow collector kept (it reads a batch, then sleeps) has no query text:
+            search = next(s for s in receiver.trace(traces[0], "search", timeout_s=40) if s.name == "search")
+            assert "search.query" not in search.attributes and search.attributes["search.query_chars"] == 14
     finally:
         started = time.perf_counter()
         assert stop_server(proc) == 0
