@@ -8,17 +8,20 @@ is returned. Each agent's counters (messages, errors, mean time, last heartbeat)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from opentelemetry.trace import Span, StatusCode
 from pydantic import BaseModel, ValidationError
 
 from agents.messages import ERRORS, PAYLOADS, ErrorCode, ErrorPayload, Message, OriginalRequest
 from agents.traces import TraceStore
 from engine.documents import problems
+from engine.telemetry import tracer
 
 log = logging.getLogger(__name__)
 ROUTER_ID = "Router"
@@ -115,12 +118,21 @@ class Router:
 
     def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
         """An error about a message that never reached an agent, stored with what was sent."""
-        reply = self.error(code, text, raw if isinstance(raw, dict) else {})
-        self.traces.add(reply, outcome=code.value)
+        with _message_span(raw) as span:
+            reply = self.error(code, text, raw if isinstance(raw, dict) else {})
+            self.traces.add(reply, outcome=code.value)
+            _answered(span, reply)
         return reply
 
     async def send(self, raw: dict | Message) -> Message:
-        """Route one message and return the reply (an ERROR_MESSAGE when anything fails)."""
+        """Route one message and return the reply (an ERROR_MESSAGE when anything fails), in an
+        OpenTelemetry span of its own (:func:`_message_span`)."""
+        with _message_span(raw) as span:
+            reply = await self._route(raw)
+            _answered(span, reply)
+        return reply
+
+    async def _route(self, raw: dict | Message) -> Message:
         started = time.perf_counter()
         try:
             message = raw if isinstance(raw, Message) else Message.model_validate(raw)
@@ -195,3 +207,27 @@ class Router:
 def _fits(value: object, limit: int) -> str | None:
     """``value`` when it is a string an envelope field can carry back (1 to ``limit`` characters)."""
     return value if isinstance(value, str) and 0 < len(value) <= limit else None
+
+
+@contextlib.contextmanager
+def _message_span(raw: object):
+    """A span ``message <TYPE>`` with the sender's and receiver's names as sent; the trace store
+    rows written inside it carry its OpenTelemetry trace id."""
+    fields = raw.model_dump(include={"type", "sender", "receiver"}) if isinstance(raw, Message) else raw
+    fields = fields if isinstance(fields, dict) else {}
+    kind = _fits(fields.get("type"), 64) or "unknown"
+    attributes = {"protocol.message.type": kind}
+    for name in ("sender", "receiver"):
+        if _fits(fields.get(name), 128):
+            attributes[f"protocol.{name}"] = fields[name]
+    with tracer.start_as_current_span(f"message {kind}", attributes=attributes) as span:
+        yield span
+
+
+def _answered(span: Span, reply: Message) -> None:
+    """The protocol's trace id, the reply's type and, for an ERROR_MESSAGE, its code."""
+    span.set_attributes({"protocol.trace_id": reply.trace_id or "", "protocol.reply.type": reply.type})
+    if reply.type == "ERROR_MESSAGE":
+        code = reply.payload["error_code"]
+        span.set_attributes({"protocol.error_code": code, "error.type": code})
+        span.set_status(StatusCode.ERROR, code)

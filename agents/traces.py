@@ -3,7 +3,8 @@
 Trace ids are ``<prefix>-<YYYYMMDD>-<seq>`` (``ing``, ``ret``, ``llm``, ``err``, ``sys``) when the
 sender gives none; the messages of one conversation share a base and carry suffixes
 (``ret-rag-conversation-123-002``). Payloads are masked before they are stored: e-mail
-addresses, phone numbers, bearer tokens and API keys, and any configured pattern.
+addresses, phone numbers, bearer tokens and API keys, and any configured pattern. Each row also
+keeps the OpenTelemetry trace id of the request it was handled in (``otel_trace_id``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.messages import Message
+from engine.telemetry import current_trace_id
 
 log = logging.getLogger(__name__)
 PREFIXES = {
@@ -40,7 +42,8 @@ _FAILED = "outcome NOT IN ('ok', 'received') OR type = 'ERROR_MESSAGE'"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, trace_id TEXT NOT NULL, type TEXT NOT NULL, sender TEXT NOT NULL,
-    receiver TEXT NOT NULL, timestamp TEXT NOT NULL, duration_ms REAL, outcome TEXT NOT NULL, body TEXT NOT NULL
+    receiver TEXT NOT NULL, timestamp TEXT NOT NULL, duration_ms REAL, outcome TEXT NOT NULL, body TEXT NOT NULL,
+    otel_trace_id TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_trace ON messages(trace_id);
 CREATE TABLE IF NOT EXISTS counters (day TEXT NOT NULL, prefix TEXT NOT NULL, seq INTEGER NOT NULL,
@@ -84,6 +87,10 @@ class TraceStore:
             self._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(messages)")}
+        if "otel_trace_id" not in columns:  # a store written before OpenTelemetry: its rows keep NULL
+            self._conn.execute("ALTER TABLE messages ADD COLUMN otel_trace_id TEXT")
+        self._conn.execute("CREATE INDEX IF NOT EXISTS messages_by_otel_trace ON messages(otel_trace_id)")
         self._since_prune = 0
 
     def new_trace_id(self, message_type: str, conversation: str | None = None) -> str:
@@ -103,11 +110,12 @@ class TraceStore:
         return f"{prefix}-{scope}-{seq:03d}" if conversation else f"{prefix}-{scope}-{seq:06d}"
 
     def add(self, message: Message, outcome: str, duration_ms: float | None = None) -> None:
+        """Store ``message`` masked, with the OpenTelemetry trace id of the span it was handled in."""
         body = self.mask(message.model_dump(mode="json"))
         with self._lock:
             self._conn.execute(
-                "INSERT INTO messages (trace_id, type, sender, receiver, timestamp, duration_ms, outcome, body)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (trace_id, type, sender, receiver, timestamp, duration_ms, outcome, body,"
+                " otel_trace_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     message.trace_id,
                     message.type,
@@ -117,6 +125,7 @@ class TraceStore:
                     duration_ms,
                     outcome,
                     json.dumps(body),
+                    current_trace_id(),
                 ),
             )
             self._since_prune += 1
@@ -132,7 +141,8 @@ class TraceStore:
     def recent(
         self, limit: int = 50, agent: str | None = None, type_: str | None = None, errors: bool = False
     ) -> list[dict]:
-        """The newest traces (one row each: first message, count, outcome, span)."""
+        """The newest traces (one row each: first message, count, outcome, span, and the
+        OpenTelemetry traces its messages were handled in)."""
         where, args = [], []
         if agent:
             where.append("(sender = ? OR receiver = ?)")
@@ -145,25 +155,34 @@ class TraceStore:
         clause = f"WHERE trace_id IN (SELECT trace_id FROM messages WHERE {' AND '.join(where)})" if where else ""
         rows = self._conn.execute(
             f"SELECT trace_id, min(timestamp), max(timestamp), count(*), max(id),"
-            f" sum({_FAILED}), group_concat(type, ' > ')"
+            f" sum({_FAILED}), group_concat(type, ' > '), group_concat(DISTINCT otel_trace_id)"
             f" FROM messages {clause} GROUP BY trace_id ORDER BY max(id) DESC LIMIT ?",
             [*args, limit],
         ).fetchall()
         return [
-            {"trace_id": t, "started": a, "ended": b, "messages": n, "errors": e, "types": types}
-            for t, a, b, n, _, e, types in rows
+            {
+                "trace_id": t,
+                "started": a,
+                "ended": b,
+                "messages": n,
+                "errors": e,
+                "types": types,
+                "otel_trace_ids": otel.split(",") if otel else [],
+            }
+            for t, a, b, n, _, e, types, otel in rows
         ]
 
     def trace(self, trace_id: str) -> list[dict]:
         """Every message of a trace in order, with its outcome and duration; a conversation's id
-        gives every trace of that conversation (``ret-<id>-001``, ``llm-<id>-001``, ...)."""
+        gives every trace of that conversation (``ret-<id>-001``, ``llm-<id>-001``, ...), and an
+        OpenTelemetry trace id the messages handled in that trace."""
         pattern = "%-" + trace_id.replace("%", "").replace("_", "\\_") + "-%"
         rows = self._conn.execute(
-            "SELECT body, outcome, duration_ms FROM messages WHERE trace_id = ? OR trace_id LIKE ? ESCAPE '\\'"
-            " ORDER BY id",
-            (trace_id, pattern),
+            "SELECT body, outcome, duration_ms, otel_trace_id FROM messages"
+            " WHERE trace_id = ? OR otel_trace_id = ? OR trace_id LIKE ? ESCAPE '\\' ORDER BY id",
+            (trace_id, trace_id, pattern),
         ).fetchall()
-        return [{**json.loads(body), "outcome": o, "duration_ms": d} for body, o, d in rows]
+        return [{**json.loads(body), "outcome": o, "duration_ms": d, "otel_trace_id": ot} for body, o, d, ot in rows]
 
     def close(self) -> None:
         with self._lock:

@@ -141,6 +141,12 @@ class Settings(BaseSettings):
     tls_cert: Path | None = Field(None, description="PEM certificate (chain): every door serves HTTPS")
     tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
     tls_client_ca: Path | None = Field(None, description="PEM CA bundle: clients must present a certificate it signed")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry collector (OTLP/HTTP), e.g. http://127.0.0.1:4318: spans are exported there"
+        " (batched, masked); off by default",
+    )
+    otlp_query_text: bool = Field(False, description="export each search's query text (masked); off: its length only")
     query_timeout_s: float = Field(30.0, gt=0, description="longest a query may take before it fails")
     max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1)
     max_in_flight: int = Field(
@@ -189,11 +195,19 @@ class Settings(BaseSettings):
         "tls_cert",
         "tls_key",
         "tls_client_ca",
+        "otlp_endpoint",
         mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value in ("", "none") else value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL of an OTLP/HTTP collector, got {value!r}")
+        return value
 
     @classmethod
     def settings_customise_sources(

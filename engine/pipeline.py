@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from engine import telemetry
 from engine.batching import RerankBatcher
 from engine.config import Settings
 from engine.dense import DenseRetriever, encode
@@ -355,6 +356,14 @@ class HybridEngine:
                 self.reranker_health.ok()
             seconds["rerank"] = time.perf_counter() - t3
         seconds["total"] = time.perf_counter() - t0
+        asked_found = {  # for the stage spans: candidates asked for and found (None: the reranker failed)
+            "bm25": (max(s.bm25_depth, top_k), len(bm25)),
+            "dense": (max(s.dense_depth, top_k), len(dense)),
+            "memory": (s.memory_depth, len(memory)),
+            "fusion": (None, len(fused)),
+            "rerank": (depth, None if reranked is None else len(reranked)),
+        }
+        telemetry.record_stages(t0, seconds, top_k, asked_found)
         return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion)
 
     def rerank(

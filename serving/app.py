@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.config import Settings
-from serving import rest
+from serving import rest, telemetry
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
 from serving.asgi import route_path
 from serving.mcp_tool import build_mcp_server
@@ -43,26 +43,30 @@ class RequestLog:
         headers = dict(scope.get("headers") or [])
         rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex[:12]
         started = time.perf_counter()
-        status = 500
+        status, trace_id = 500, ""
 
         async def send_with_id(message) -> None:
-            nonlocal status
+            nonlocal status, trace_id
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message.setdefault("headers", []).append((b"x-request-id", rid.encode("latin-1")))
+                headers = message.setdefault("headers", [])
+                parent = next((v for k, v in headers if k == b"traceparent"), b"")  # TracedDoor's, inside
+                trace_id = f" trace {parent.decode('latin-1')[3:35]}" if parent else ""
+                headers.append((b"x-request-id", rid.encode("latin-1")))
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             log.info(
-                "[%s] %s %s %s -> %d in %.1f ms",
+                "[%s] %s %s %s -> %d in %.1f ms%s",
                 rid,
                 self.door,
                 scope["method"],
                 scope["path"],
                 status,
                 (time.perf_counter() - started) * 1000,
+                trace_id,
             )
 
 
@@ -98,6 +102,7 @@ def build_apps(
 
     ``service``: one built by the caller (a Ray replica's, around an engine whose reranker is a
     deployment); MCP is then stateless, since any replica may take a session's next request."""
+    telemetry.install(settings)  # once per process: spans, and their export with --otlp-endpoint
     stateless = service is not None
     if service is None and (mcp or mcp_url is None):
         service = SearchService(settings, writable=writable)
@@ -123,7 +128,7 @@ def build_apps(
         if not hashes:
             raise ValueError("--key-all-doors needs --agent-keys with at least one key")
         apps = {door: (KeyGate(app, hashes), port) for door, (app, port) in apps.items()}
-    return service, apps
+    return service, {door: (telemetry.TracedDoor(app, door), port) for door, (app, port) in apps.items()}
 
 
 def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) -> Starlette:
@@ -170,6 +175,7 @@ def run_servers(
     finally:
         if service is not None:
             service.close()
+        telemetry.shutdown()
 
 
 class _Server(uvicorn.Server):

@@ -304,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls-cert", type=Path, metavar="PEM", help="certificate (chain): serve HTTPS")
     g.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
     g.add_argument("--tls-client-ca", type=Path, metavar="PEM", help="require client certificates signed by this CA")
+    g = p.add_argument_group("OpenTelemetry (every door; spans with or without export)")
+    g.add_argument("--otlp-endpoint", metavar="URL", help="export spans over OTLP/HTTP, e.g. http://127.0.0.1:4318")
+    g.add_argument("--otlp-query-text", action="store_true", default=None, help="export query texts too (masked)")
     p.add_argument(
         "--query-timeout", dest="query_timeout_s", type=float, help="seconds before a query fails (default 30)"
     )

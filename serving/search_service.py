@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from engine.live import DocumentNotFound
 from engine.pipeline import Hit, HybridEngine
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated
+from serving.telemetry import traced_search
 
 log = logging.getLogger(__name__)
 REFRESH = ("wait_for", "true", "false")  # ?refresh= on writes: wait_for/true answer once searchable
@@ -65,13 +67,15 @@ class SearchService:
         self.registry.register(_RerankCacheMetrics(self.engine))
         self.admission = Admission(settings.max_in_flight, settings.max_queue_s, self.registry)
 
+    @traced_search
     async def search(self, request: SearchRequest, door: str) -> list[Hit]:
         """Search within the time limit; errors are counted and re-raised for the door to phrase."""
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
         try:
             async with self.admission.slot(door):
-                future = loop.run_in_executor(self._pool, self._timed_search, request)
+                run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
+                future = loop.run_in_executor(self._pool, run, self._timed_search, request)
                 return await asyncio.wait_for(future, timeout=self.settings.query_timeout_s)
         except Overloaded:
             self.errors.labels(door, "overloaded").inc()
@@ -95,7 +99,8 @@ class SearchService:
         loop = asyncio.get_running_loop()
         try:
             async with self.admission.slot("solver"):
-                return await loop.run_in_executor(self._pool, self.solver.solve, request)
+                run = contextvars.copy_context().run
+                return await loop.run_in_executor(self._pool, run, self.solver.solve, request)
         except PolicyError as exc:
             raise BadRequest(str(exc)) from None
 

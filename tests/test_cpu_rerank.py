@@ -44,6 +44,7 @@ def teacher_dir(reranker_dir, tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.mark.slow
 def test_distilled_student_has_fewer_layers_and_follows_its_teacher(index_dir, beir_dir, teacher_dir, tmp_path):
     """The student trained on the teacher's scores ends closer to the teacher than the same student
     trained the same way on the judgments alone."""
@@ -163,6 +164,7 @@ def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranke
     assert reranker.logits(pairs) == [float(s) for s in reranker.onnx.logits(pairs)]
 
 
+@pytest.mark.slow
 def test_build_can_distil_the_cpu_student(beir_dir, teacher_dir, tmp_path, capsys):
     from serving.cli import main
 

@@ -3,6 +3,7 @@ libraries), or from nothing, served without judgments."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -177,8 +178,21 @@ def test_a_rag_turn_over_the_files_cites_the_right_file_and_page(files_index, tm
         assert answer["source_documents"][0] == "report.pdf"
         first = next(c for c in retrieved if c["source_document"] == "report.pdf")
         assert first["metadata"]["page"] == 2 and "falls" in first["content"]
+        asyncio.run(_read_through_mcp(f"http://127.0.0.1:{port}/mcp"))
     finally:
         assert stop_server(server) == 0
+
+
+async def _read_through_mcp(url: str) -> None:
+    """A file in a subfolder has a path for its id: its resource URI percent-encodes it, and reads back."""
+    from mcp import Client
+
+    async with Client(url) as client:
+        found = await client.call_tool("search", {"query": "broccoli sprouts sulforaphane", "top_k": 1})
+        hit = found.structured_content["results"][0]
+        assert hit["document_id"] == "guides/notes.md" and hit["resource_uri"] == "document://guides%2Fnotes.md"
+        read = await client.read_resource(hit["resource_uri"])
+        assert json.loads(read.contents[0].text)["document_id"] == "guides/notes.md"
 
 
 def test_judgments_can_come_later_for_an_index_built_from_files(files_index, tmp_path):

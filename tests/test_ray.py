@@ -18,6 +18,7 @@ from benchmarks.reliability.server import ROOT, free_port, start_server, stop_se
 from tests.helpers import a2a_v1_send, only_doc_ids
 
 pytest.importorskip("ray", reason="the optional Ray extra is not installed (pip install -e '.[ray]')")
+pytestmark = pytest.mark.slow  # a local Ray cluster per test module
 
 QUERIES = ["arsenic in rice", "soy and breast cancer", "broccoli sulforaphane", "red meat"]
 

@@ -9,6 +9,8 @@ from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
 from tests.helpers import short_training
 
+pytestmark = pytest.mark.slow  # each test trains a cross-encoder
+
 
 def test_mined_negatives_are_never_judged_and_positives_always_are(engine, beir_dir):
     dataset = load_dataset(beir_dir)
