@@ -13,6 +13,8 @@ import pytest
 from benchmarks.reliability import faults
 from benchmarks.reliability.server import ROOT
 
+pytestmark = pytest.mark.slow  # kills, fills and corrupts on purpose: servers started and stopped per test
+
 
 @pytest.fixture(scope="module")
 def crashed(index_dir, tmp_path_factory):

@@ -15,6 +15,7 @@ from benchmarks.reliability import fuzz
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from tests.helpers import jsonrpc_send
 
+pytestmark = pytest.mark.slow  # fuzzing and load against real servers
 SEED = 20261123
 
 
