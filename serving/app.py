@@ -19,6 +19,7 @@ from engine.config import Settings
 from serving import rest, telemetry
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
 from serving.asgi import route_path
+from serving.mcp_events import RETRY_MS, RecentEvents
 from serving.mcp_tool import build_mcp_server
 from serving.protocol_routes import ProtocolDoor, hash_key, load_keys
 from serving.replies import json_http_errors
@@ -144,7 +145,10 @@ def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) 
     )
     routes, lifespan = rest.routes(service, door), None
     if mcp:
-        mcp_app = build_mcp_server(service).streamable_http_app(host=settings.host, stateless_http=stateless)
+        resumable = {} if stateless else {"event_store": RecentEvents(), "retry_interval": RETRY_MS}
+        mcp_app = build_mcp_server(service).streamable_http_app(
+            host=settings.host, stateless_http=stateless, **resumable
+        )
         routes, lifespan = routes + mcp_app.routes, mcp_app.router.lifespan_context
     return json_http_errors(Starlette(routes=routes, lifespan=lifespan))
 

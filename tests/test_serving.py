@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable, Iterator
 
 import httpx
 import pytest
@@ -142,6 +143,44 @@ def test_mcp_search_then_read_the_whole_document(server):
             assert unknown.value.code == -32602
 
     asyncio.run(run())
+
+
+def _sse(lines: Iterable[str]) -> Iterator[dict]:
+    """Server-sent events as dicts of their fields (``id``, ``data``, ``retry``), read from ``lines``
+    until a blank line ends each event; a live stream is read only as far as the caller takes."""
+    event: dict = {}
+    for line in lines:
+        if not line:
+            if event:
+                yield event
+            event = {}
+            continue
+        field, _, value = line.partition(":")
+        event[field] = value.removeprefix(" ")
+
+
+def test_an_mcp_stream_that_dropped_resumes_with_last_event_id(server):
+    url = server["mcp"] + "/mcp"
+    posts = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    call = {"name": "search_nfcorpus", "arguments": {"query": "soy prostate", "top_k": 2}}
+    with httpx.Client(timeout=60) as http:
+        opened = http.post(
+            url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=posts
+        )
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=posts | session)
+        reply = http.post(
+            url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}, headers=posts | session
+        )
+        priming, *_, answer = list(_sse(reply.text.splitlines() + [""]))
+        assert priming["data"] == "" and priming["retry"] == "1000" and priming["id"]
+        assert json.loads(answer["data"])["result"]["structuredContent"]["results"]
+        # as if the stream had dropped right after its priming event: the client resumes from there
+        resume = session | {"accept": "text/event-stream", "last-event-id": priming["id"]}
+        with http.stream("GET", url, headers=resume) as resumed:
+            replayed = next(event for event in _sse(resumed.iter_lines()) if event.get("data"))
+        assert json.loads(replayed["data"]) == json.loads(answer["data"])
 
 
 def test_mcp_over_stdio(index_dir):

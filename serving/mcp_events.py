@@ -1,0 +1,41 @@
+"""Resumable MCP streams: the last events of every SSE stream, kept in memory, so that a client
+whose stream dropped reconnects with ``Last-Event-ID`` and gets what it missed instead of asking
+again (MCP's resumability; the library primes each stream with an event id and a ``retry``)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp_types import JSONRPCMessage
+
+RETRY_MS = 1000  # how soon a client whose stream dropped should reconnect
+
+
+class RecentEvents(EventStore):
+    """The newest ``size`` events of all streams together; older ones are forgotten, and a client
+    resuming from one of those gets nothing replayed (it asks again, as without a store)."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self.size = size
+        self._events: OrderedDict[EventId, tuple[StreamId, JSONRPCMessage | None]] = OrderedDict()
+        self._ids = itertools.count(1)
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        event_id = str(next(self._ids))
+        self._events[event_id] = (stream_id, message)
+        while len(self._events) > self.size:
+            self._events.popitem(last=False)
+        return event_id
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        if last_event_id not in self._events:
+            return None
+        stream_id = self._events[last_event_id][0]
+        after = itertools.dropwhile(lambda item: item[0] != last_event_id, list(self._events.items()))
+        next(after)  # the last event the client has
+        for event_id, (stream, message) in after:
+            if stream == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
