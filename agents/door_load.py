@@ -13,6 +13,13 @@ import uuid
 from engine.latency import percentiles
 
 
+def a2a_v03_send(part: dict) -> dict:
+    """An A2A 0.3 JSON-RPC ``message/send`` request with ``part`` as its one part, as the
+    benchmark's evaluator sends it: ``{"kind": "text", "text": ...}`` or ``{"kind": "data", "data": ...}``."""
+    message = {"role": "user", "messageId": uuid.uuid4().hex, "kind": "message", "parts": [part]}
+    return {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": "message/send", "params": {"message": message}}
+
+
 async def door_load(door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float) -> dict:
     """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles."""
     import httpx
@@ -63,19 +70,7 @@ async def _one_request(door: str, url: str, client, session, query: str, top_k: 
         result = await session.call_tool("search_nfcorpus", {"query": query, "top_k": top_k})
         assert not result.is_error
     elif door == "a2a":
-        body = {
-            "jsonrpc": "2.0",
-            "id": uuid.uuid4().hex,
-            "method": "message/send",
-            "params": {
-                "message": {
-                    "role": "user",
-                    "messageId": uuid.uuid4().hex,
-                    "kind": "message",
-                    "parts": [{"kind": "text", "text": json.dumps({"query": query, "top_k": top_k})}],
-                }
-            },
-        }
+        body = a2a_v03_send({"kind": "text", "text": json.dumps({"query": query, "top_k": top_k})})
         reply = await client.post(url, json=body)
         assert reply.json()["result"]["status"]["state"] == "completed"
     else:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 
+from agents.door_load import a2a_v03_send
+
 TOPICS = {
     "vitamin": "vitamin D supplements bone density falls elderly calcium",
     "statin": "statins cholesterol breast cancer survival cohort",
@@ -62,10 +64,9 @@ def short_training(index_dir: Path, beir_dir: Path, tmp_path: Path, **options):
     return settings, TrainOptions(**{"batch_queries": 4, "group_size": 4, "mine_depth": 12, **options})
 
 
-def jsonrpc_send(data: dict, message_id: str = "m1") -> dict:
+def jsonrpc_send(data: dict) -> dict:
     """An A2A 0.3 ``message/send`` request carrying ``data`` as its one data part."""
-    message = {"role": "user", "messageId": message_id, "kind": "message", "parts": [{"kind": "data", "data": data}]}
-    return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+    return a2a_v03_send({"kind": "data", "data": data})
 
 
 def a2a_v1_send(url: str, parts) -> object:

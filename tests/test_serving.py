@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterable, Iterator
 
 import httpx
 import pytest
 
+from agents.door_load import a2a_v03_send
 from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
 from tests.helpers import a2a_v1_send, only_doc_ids
 
@@ -259,19 +259,7 @@ def _engine_ids(engine, query: str, top_k: int) -> list[str]:
 
 
 def test_raw_jsonrpc_in_the_v03_wire_format(server, engine):
-    body = {
-        "jsonrpc": "2.0",
-        "id": 7,
-        "method": "message/send",
-        "params": {
-            "message": {
-                "role": "user",
-                "messageId": uuid.uuid4().hex,
-                "kind": "message",
-                "parts": [{"kind": "text", "text": json.dumps({"query": "markermeat0 nitrites", "top_k": 3})}],
-            }
-        },
-    }
+    body = a2a_v03_send({"kind": "text", "text": json.dumps({"query": "markermeat0 nitrites", "top_k": 3})})
     result = httpx.post(server["a2a"] + "/", json=body, timeout=60).json()["result"]
     assert result["kind"] == "task" and result["status"]["state"] == "completed"
     assert "message" not in result["status"]

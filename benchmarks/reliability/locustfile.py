@@ -12,10 +12,11 @@ import itertools
 import json
 import os
 import time
-import uuid
 
 import requests
 from locust import User, constant, task
+
+from agents.door_load import a2a_v03_send
 
 QUERIES = [q for q in open(os.environ.get("LOAD_QUERIES", "/dev/null")).read().splitlines() if q.strip()] or [
     "does vitamin D prevent falls"
@@ -122,13 +123,7 @@ class A2aUser(_Door):
 
     @task
     def search(self) -> None:
-        message = {
-            "role": "user",
-            "messageId": uuid.uuid4().hex,
-            "kind": "message",
-            "parts": [{"kind": "data", "data": {"query": self.query(), "top_k": 10}}],
-        }
-        response = self.post("/", {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}})
+        response = self.post("/", a2a_v03_send({"kind": "data", "data": {"query": self.query(), "top_k": 10}}))
         if response is None:
             return
         task_ = (response.json() if response.status_code == 200 else {}).get("result") or {}
