@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 
-from engine.latency import percentiles
+from offline.latency import percentiles
 
 
 def a2a_v03_send(part: dict) -> dict:

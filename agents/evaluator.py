@@ -16,9 +16,9 @@ import uuid
 
 import httpx
 
-from engine.dataset import Dataset
-from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
-from engine.latency import percentiles
+from offline.dataset import Dataset
+from offline.evaluation import evaluate_run, in_list_ndcg, sample_queries
+from offline.latency import percentiles
 
 
 def _part_text(part) -> str:

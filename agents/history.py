@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.responder import SENTENCE_BATCH
-from engine.dense import encode
-from engine.sentences import split_sentences
+from engine.retrieval.dense import encode
+from engine.text import split_sentences
 
 SUMMARY_PREFIX = "[Prior context summary: "
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.dense import encode
-from engine.sentences import split_sentences
+from engine.retrieval.dense import encode
+from engine.text import split_sentences
 
 FOLLOW_UP_WEIGHT = 0.5  # the previous question's share when a question leans on it
 DUPLICATE_COSINE = 0.92

@@ -18,8 +18,8 @@ from agents.messages import (
     RetrievedChunk,
 )
 from agents.router import AgentError
-from engine.live import NotYetSearchable
-from engine.pipeline import HybridEngine
+from engine.search.hybrid import HybridEngine
+from engine.store.live import NotYetSearchable
 
 
 class RetrievalAgent:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.calibration import expected_calibration_error
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.pipeline import HybridEngine
-from engine.progress import track
-from engine.records import write_result
+from engine.fusion.calibration import expected_calibration_error
+from engine.search.hybrid import HybridEngine
+from offline.dataset import load_dataset
+from offline.progress import track
+from offline.records import write_result
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from engine.records import write_result
+from offline.records import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL_BASE = "nvidia/cuda:13.0.1-base-ubuntu24.04"  # Dockerfile.cuda's default BASE_IMAGE
@@ -319,8 +319,8 @@ def fresh_volume(volume: str) -> None:
 
 
 def a2a_eval(a2a_url: str, dataset_dir: Path, n: int, seed: int, top_k: int, check: Check) -> dict:
-    from engine.dataset import load_dataset
-    from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
+    from offline.dataset import load_dataset
+    from offline.evaluation import evaluate_run, in_list_ndcg, sample_queries
 
     python = ROOT / ".venv-a2a03/bin/python"
     if not python.exists():

@@ -33,13 +33,13 @@ from agents.door_load import door_load
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from engine import threads
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
-from engine.latency import machine_name
-from engine.pair_cache import PairCache
-from engine.pipeline import HybridEngine
-from engine.progress import track
-from engine.records import write_result
+from engine.rerank.pair_cache import PairCache
+from engine.search.hybrid import HybridEngine
+from offline.dataset import load_dataset
+from offline.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
+from offline.latency import machine_name
+from offline.progress import track
+from offline.records import write_result
 
 DEPTHS = (10, 20, 30)
 FLOP_LIMIT = "2 cores x 2 FMA x 8 fp32 lanes x 2 FLOP x ~2.5-3 GHz = 160-190 GFLOP/s"

@@ -24,14 +24,14 @@ import numpy as np
 from tqdm import tqdm
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.evaluation import evaluate_run, paired_test, stage_runs
-from engine.models import load_encoder, pick_device
-from engine.pipeline import HybridEngine
-from engine.records import write_result
+from engine.retrieval.encoder import load_encoder, pick_device
+from engine.search.hybrid import HybridEngine
 from index_build.builder import build_index
 from index_build.corpus import beir_corpus
 from index_build.schedule import warmup_linear
+from offline.dataset import load_dataset
+from offline.evaluation import evaluate_run, paired_test, stage_runs
+from offline.records import write_result
 
 NEGATIVE_RANKS = slice(5, 60)
 

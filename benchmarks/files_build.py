@@ -27,7 +27,7 @@ def make_files(dataset: Path, out: Path, count: int) -> dict[str, int]:
     import docx
     from fpdf import FPDF
 
-    from engine.dataset import load_dataset
+    from offline.dataset import load_dataset
 
     docs = list(load_dataset(dataset).corpus.values())[:count]
     made = dict.fromkeys(FORMATS, 0)
@@ -64,8 +64,8 @@ def _simd() -> str:
 
 def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
     from engine.config import Settings
-    from engine.models import load_encoder
-    from engine.pipeline import HybridEngine
+    from engine.retrieval.encoder import load_encoder
+    from engine.search.hybrid import HybridEngine
     from index_build.builder import build_index
     from index_build.corpus import empty_corpus, read_folder
 
@@ -124,7 +124,7 @@ def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
 
 
 def main() -> None:
-    from engine.records import write_result
+    from offline.records import write_result
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))

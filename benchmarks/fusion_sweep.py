@@ -13,11 +13,11 @@ import itertools
 from pathlib import Path
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.evaluation import evaluate_run
-from engine.fusion import reciprocal_rank_fusion
-from engine.pipeline import HybridEngine
-from engine.records import write_result
+from engine.fusion.rrf import reciprocal_rank_fusion
+from engine.search.hybrid import HybridEngine
+from offline.dataset import load_dataset
+from offline.evaluation import evaluate_run
+from offline.records import write_result
 
 
 def main() -> None:

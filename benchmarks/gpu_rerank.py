@@ -24,8 +24,8 @@ PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0}  # dense bf16/fp16 tensor peak (SXM
 
 def _pairs(queries: int, depth: int) -> list[tuple[str, list[tuple[str, str]]]]:
     from engine.config import Settings
-    from engine.dataset import load_dataset
-    from engine.pipeline import HybridEngine, SearchOptions
+    from engine.search.hybrid import HybridEngine, SearchOptions
+    from offline.dataset import load_dataset
 
     settings = Settings()
     engine = HybridEngine(settings)
@@ -126,7 +126,7 @@ def measure(reranker_dir: str, queries: int, depth: int, batch: int, max_length:
     variants["onnxruntime-gpu"] = _onnx_status()
 
     from engine.config import Settings
-    from engine.rerank import Reranker
+    from engine.rerank.cross_encoder import Reranker
 
     served = Reranker(reranker_dir, "cuda", max_length=max_length, batch_size=Settings().rerank_batch_for("cuda"))
     served.score_pairs(per_query[0][1])
@@ -164,7 +164,7 @@ def _onnx_status() -> dict:
 
 def main() -> None:
     from engine.config import Settings
-    from engine.records import write_result
+    from offline.records import write_result
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reranker", default=None, help="default: the index's reranker")

@@ -20,12 +20,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.evaluation import continue_with_fused, evaluate_run, paired_test
-from engine.learned_fusion import MODEL_FILE, LearnedFusion
-from engine.pipeline import HybridEngine
-from engine.records import write_result
+from engine.fusion.learned import MODEL_FILE, LearnedFusion
+from engine.search.hybrid import HybridEngine
 from index_build.train_fusion import LEAVES, TREES, collect, fit, training_split
+from offline.dataset import load_dataset
+from offline.evaluation import continue_with_fused, evaluate_run, paired_test
+from offline.records import write_result
 
 VARIANTS = ((LEAVES, TREES), (31, 300), (7, 100))
 

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from engine.config import Settings
 from engine.documents import DocumentIn, Filters
-from engine.latency import machine_name, percentiles
-from engine.records import write_result
+from offline.latency import machine_name, percentiles
+from offline.records import write_result
 
 
 def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:
-    from engine.docstore import DocStore
-    from engine.index_dir import DOCS_FILE
+    from engine.store.docstore import DocStore
+    from engine.store.index_dir import DOCS_FILE
 
     store = DocStore(Path(settings.index_dir) / DOCS_FILE)
     units = sorted(store.unit_ids_by_row().values())
@@ -54,7 +54,7 @@ def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:
 
 
 def _engine(settings: Settings):
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     return HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
 
@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--recovery", default="100,1000", help="logged records to replay after a crash")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    from engine.dataset import load_dataset
+    from offline.dataset import load_dataset
 
     queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())[: args.queries]
     report: dict = {"index": str(args.index_dir)}

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
-from engine.records import write_result
+from offline.records import write_result
 
 SUITE_VERSION = "0.1.16"
 PREFIX = ROOT / "build" / "conformance"

@@ -27,7 +27,7 @@ import httpx
 from benchmarks.latency import machine, percentiles
 from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
 from engine.config import Settings
-from engine.dataset import load_dataset
+from offline.dataset import load_dataset
 
 MODES = {"off": ({"OTEL_SDK_DISABLED": "true"}, False), "on": ({}, False), "export": ({}, True)}
 

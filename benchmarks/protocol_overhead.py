@@ -23,10 +23,10 @@ from agents.messages import Message
 from agents.system import RagRequest, build_responder, build_router, rag_turn
 from agents.traces import TraceStore
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.latency import machine_name, percentiles
-from engine.pipeline import HybridEngine
-from engine.records import write_result
+from engine.search.hybrid import HybridEngine
+from offline.dataset import load_dataset
+from offline.latency import machine_name, percentiles
+from offline.records import write_result
 
 
 def in_process(queries: list[str]) -> dict:

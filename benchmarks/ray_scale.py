@@ -36,9 +36,9 @@ import httpx
 
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.latency import machine_name, percentiles
-from engine.records import write_result
+from offline.dataset import load_dataset
+from offline.latency import machine_name, percentiles
+from offline.records import write_result
 
 SEARCH = "/search_nfcorpus"
 
@@ -137,7 +137,7 @@ class RayDeployment:
 
 def same_answers(url: str, settings: Settings, queries: list[str]) -> dict:
     """Every query through the deployment against the in-process engine (same settings)."""
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     engine = HybridEngine(settings)
     same, worst = 0, 0.0

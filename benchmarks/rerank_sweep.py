@@ -16,11 +16,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.evaluation import continue_with_fused, evaluate_run, paired_test
-from engine.fusion import blend_reranking
-from engine.pipeline import HybridEngine
-from engine.records import write_result
+from engine.fusion.rrf import blend_reranking
+from engine.search.hybrid import HybridEngine
+from offline.dataset import load_dataset
+from offline.evaluation import continue_with_fused, evaluate_run, paired_test
+from offline.records import write_result
 
 BLENDS = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.dense import build_faiss, encode
-from engine.index_dir import DENSE_FILE
-from engine.latency import machine_name, percentiles
-from engine.models import load_encoder
-from engine.records import write_result
+from engine.retrieval.dense import build_faiss, encode
+from engine.retrieval.encoder import load_encoder
+from engine.store.index_dir import DENSE_FILE
+from offline.dataset import load_dataset
+from offline.latency import machine_name, percentiles
+from offline.records import write_result
 
 HNSW_LIMIT = 200_000  # HNSW over 1M vectors takes many minutes to build on 2 cores: opt in with --hnsw-limit
 

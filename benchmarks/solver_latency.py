@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.latency import machine_name, percentiles
-from engine.records import write_result
+from offline.dataset import load_dataset
+from offline.latency import machine_name, percentiles
+from offline.records import write_result
 
 POLICY = {"rules": [{"id": "r1", "type": "deny", "keywords": ["dose", "dosage"], "pattern": r"mg\s*/\s*day"}]}
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
-from engine.latency import percentiles
-from engine.records import write_result
+from offline.latency import percentiles
+from offline.records import write_result
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

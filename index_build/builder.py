@@ -3,6 +3,7 @@ of files, or nothing (an empty index to ingest into)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -15,11 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from engine.config import Settings
-from engine.dataset import Dataset
-from engine.dense import build_faiss, encode
-from engine.docstore import DocStore
 from engine.documents import unit_id
-from engine.index_dir import (
+from engine.retrieval.dense import build_faiss, encode
+from engine.retrieval.encoder import load_encoder, pick_device
+from engine.retrieval.lucene import LuceneIndex
+from engine.retrieval.memory import write_memory
+from engine.store.docstore import DocStore
+from engine.store.index_dir import (
     BM25_DIR,
     DENSE_FILE,
     DOCS_FILE,
@@ -29,12 +32,10 @@ from engine.index_dir import (
     Manifest,
     read_manifest,
 )
-from engine.lucene import LuceneIndex
-from engine.memory import write_memory
-from engine.models import load_encoder, pick_device
-from engine.progress import track
 from index_build.corpus import Corpus, open_corpus
 from index_build.train_fusion import train_fusion, training_split
+from offline.dataset import Dataset
+from offline.progress import track
 
 log = logging.getLogger(__name__)
 _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers", "torch", "transformers")
@@ -75,7 +76,8 @@ def build_index(
 
             vectors = encode_on_ray(settings, texts)
         else:
-            vectors = encode(encoder, texts, settings.encode_batch_size, progress)
+            bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
+            vectors = encode(encoder, texts, settings.encode_batch_size, bar)
         import faiss
 
         faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))

@@ -12,7 +12,10 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.dataset import (
+from engine.store.docstore import DocStore
+from engine.store.index_dir import DOCS_FILE
+from index_build.ingest import IngestError, read_documents
+from offline.dataset import (
     Dataset,
     DatasetError,
     Document,
@@ -22,10 +25,7 @@ from engine.dataset import (
     read_jsonl,
     read_qrels,
 )
-from engine.docstore import DocStore
-from engine.index_dir import DOCS_FILE
-from engine.progress import track
-from index_build.ingest import IngestError, read_documents
+from offline.progress import track
 
 
 @dataclass

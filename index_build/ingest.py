@@ -17,10 +17,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.dataset import DatasetError, read_jsonl
 from engine.documents import DATE, DOCUMENT_TYPE, DocumentIn, problems
-from engine.sentences import split_sentences
+from engine.text import split_sentences
 from index_build.formats import READERS, FormatError, text_file
+from offline.dataset import DatasetError, read_jsonl
 
 SUFFIXES = {
     ".jsonl": "beir",

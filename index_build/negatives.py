@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.progress import track
+from offline.progress import track
 
 
 @dataclass

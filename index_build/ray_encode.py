@@ -1,6 +1,6 @@
 """``build --ray``: the corpus encoded by a Ray cluster's workers with Ray Data, GPUs when present.
 
-The texts are cut into the batches that :func:`engine.dense.encode` cuts (longest first), and each
+The texts are cut into the batches that :func:`engine.retrieval.dense.encode` cuts (longest first), and each
 batch is one item of the dataset, so a worker pads and encodes exactly what a local build would:
 the index written is the local build's.
 """
@@ -20,7 +20,7 @@ class _Encoder:
     """A Ray Data actor: the sentence encoder loaded once, one batch of texts per call."""
 
     def __init__(self, name: str, device: str, batch_size: int) -> None:
-        from engine.models import load_encoder
+        from engine.retrieval.encoder import load_encoder
 
         self.model, self.batch_size = load_encoder(name, device), batch_size
 

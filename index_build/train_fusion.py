@@ -2,7 +2,7 @@
 
 Each training query runs through the engine as a new query would, left out of the judgment memory
 (otherwise the memory hands it its own labels and the model learns to trust the memory blindly);
-every RRF candidate becomes a row of :data:`engine.learned_fusion.FEATURES` labelled with its grade.
+every RRF candidate becomes a row of :data:`engine.fusion.learned.FEATURES` labelled with its grade.
 LightGBM LambdaMART, deterministic: the same index and judgments give the same model. 15 leaves and
 200 trees were chosen on dev (``python -m benchmarks.learned_fusion``).
 """
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.calibration import Calibration
 from engine.config import Settings
-from engine.dataset import Dataset, load_dataset
-from engine.evaluation import evaluate_run, stage_runs
-from engine.index_dir import FUSION_DIR, Manifest
-from engine.learned_fusion import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
-from engine.pipeline import HybridEngine, SearchOptions
-from engine.progress import track
+from engine.fusion.calibration import Calibration
+from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
+from engine.search.hybrid import HybridEngine, SearchOptions
+from engine.store.index_dir import FUSION_DIR, Manifest
+from offline.dataset import Dataset, load_dataset
+from offline.evaluation import evaluate_run, stage_runs
+from offline.progress import track
 
 log = logging.getLogger(__name__)
 LEAVES, TREES, LEARNING_RATE = 15, 200, 0.05

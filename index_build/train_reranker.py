@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Literal
 
 from engine.config import Settings
-from engine.dataset import Dataset, load_dataset
-from engine.evaluation import evaluate_run, served_stage, stage_runs
-from engine.index_dir import RERANKER_DIR
-from engine.models import pick_device, resolve_model
-from engine.pipeline import HybridEngine, SearchOptions, load_reranker
-from engine.progress import track
-from engine.rerank import CARD_FILE, Reranker
+from engine.rerank.cross_encoder import CARD_FILE, Reranker
+from engine.retrieval.encoder import pick_device, resolve_model
+from engine.search.hybrid import HybridEngine, SearchOptions, load_reranker
+from engine.store.index_dir import RERANKER_DIR
 from index_build.negatives import mine_candidates
 from index_build.schedule import warmup_linear
+from offline.dataset import Dataset, load_dataset
+from offline.evaluation import evaluate_run, served_stage, stage_runs
+from offline.progress import track
 
 log = logging.getLogger(__name__)
 TRAIN_MAX_LENGTH = 256
@@ -217,7 +217,7 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
 
 
 def _serving_fields(options: TrainOptions) -> dict:
-    """What serving reads of the card (engine/rerank.py): a distilled student is made for CPUs, so a
+    """What serving reads of the card (engine/rerank/cross_encoder.py): a distilled student is made for CPUs, so a
     CPU serves it in int8 unless told otherwise."""
     return {"memory_context": options.memory_context, "cpu_quantize": "int8" if options.distil_from else "none"}
 

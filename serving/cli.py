@@ -11,11 +11,11 @@ from pydantic import ValidationError
 
 from engine import threads
 from engine.config import Settings
-from engine.dataset import DatasetError
 from engine.documents import problems
-from engine.index_dir import IndexDirError
-from engine.rerank import RerankerError
+from engine.rerank.cross_encoder import RerankerError
+from engine.store.index_dir import IndexDirError
 from index_build.train_reranker import LOSSES
+from offline.dataset import DatasetError
 
 log = logging.getLogger("hybrid_search")
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from engine.config import Settings
 from engine.documents import SearchRequest
-from engine.index_dir import FUSION_DIR, MANIFEST_FILE, REPORTS_DIR
+from engine.store.index_dir import FUSION_DIR, MANIFEST_FILE, REPORTS_DIR
 
 console = Console()
 
@@ -54,7 +54,7 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
 def search(settings: Settings, args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     fields = {"query": args.query, "top_k": args.top_k, "similarity_threshold": args.similarity_threshold}
     try:
@@ -95,13 +95,13 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def evaluate(settings: Settings, args: argparse.Namespace) -> int:
-    from engine.dataset import load_dataset
+    from offline.dataset import load_dataset
 
     dataset = load_dataset(settings.data_dir)
     reports = Path(settings.index_dir) / REPORTS_DIR
     if args.agent_url:
         from agents.evaluator import evaluate_agent
-        from engine.records import write_result
+        from offline.records import write_result
 
         _checked("top_k", args.top_k)
         report = evaluate_agent(
@@ -111,8 +111,8 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
         path = write_result((args.output or reports / f"agent-eval-{args.split}") / "agent-eval.json", report)
         console.print(f"saved {path}")
         return 0 if report["failures"] == 0 else 1
-    from engine.evaluation import evaluate_run, paired_test, sample_queries, stage_runs, write_summary, write_trec_run
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
+    from offline.evaluation import evaluate_run, paired_test, sample_queries, stage_runs, write_summary, write_trec_run
 
     qrels = dataset.qrels(args.split)
     queries = sample_queries(dataset.split_queries(args.split), args.num_queries, args.seed)
@@ -232,9 +232,9 @@ def init(settings: Settings, args: argparse.Namespace) -> int:
 def ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Read and validate each file whole, then log its documents; one bad file adds nothing. A
     folder that holds no index yet gets an empty one first."""
-    from engine.pipeline import HybridEngine
-    from engine.progress import track
+    from engine.search.hybrid import HybridEngine
     from index_build.ingest import IngestError, read_documents
+    from offline.progress import track
 
     if not Path(settings.index_dir).exists():
         init(settings, args)
@@ -263,7 +263,7 @@ def ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 def compact(settings: Settings, args: argparse.Namespace) -> int:
     """Apply and checkpoint every logged write, so the log is empty and readers can open the index."""
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     engine = HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
     recovered = engine.live.recovery
@@ -285,21 +285,21 @@ def mcp_stdio(settings: Settings, args: argparse.Namespace) -> int:
 
 def bench(settings: Settings, args: argparse.Namespace) -> int:
     from agents.door_load import bench_http
-    from engine.dataset import load_dataset
-    from engine.latency import bench_engine, machine_name, save
+    from offline.dataset import load_dataset
+    from offline.latency import bench_engine, machine_name, save
 
     dataset = load_dataset(settings.data_dir)
     queries = list(dataset.split_queries("dev").values())[: args.num_queries]
     concurrency = _int_list(args.concurrency, "--concurrency")
     run = {"target": args.target, "queries": len(queries), "concurrency": concurrency}
     if args.target == "engine":
-        from engine.models import pick_device
-        from engine.pipeline import HybridEngine
+        from engine.retrieval.encoder import pick_device
+        from engine.search.hybrid import HybridEngine
 
         default_depths = "0,10,20,50,100,200" if pick_device(settings.device) == "cuda" else "0,10,20,30"
         depths = _int_list(args.depths or default_depths, "--depths")
         if max(depths) > 0 and settings.reranker is None and not Path(settings.reranker_path).is_dir():
-            from engine.models import resolve_model
+            from engine.retrieval.encoder import resolve_model
             from index_build.train_reranker import TRAIN_MAX_LENGTH
 
             # latency does not depend on the weights: time an untrained MiniLM cross-encoder

@@ -22,8 +22,8 @@ from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
 
 from engine.documents import DocumentIn
-from engine.live import DocumentNotFound, NotYetSearchable
-from engine.wal import StorageFull
+from engine.store.live import DocumentNotFound, NotYetSearchable
+from engine.store.wal import StorageFull
 from serving.admission import Overloaded
 from serving.replies import DOCUMENT_URI, ChunkResponse, SearchResponse, to_chunks, to_response
 from serving.requests import BadRequest, validated

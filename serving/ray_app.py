@@ -8,10 +8,10 @@ Deployments behind Serve's HTTP proxy (one port):
   cross the wire; the replicas are stateless (MCP runs stateless), so any replica answers any request.
 - ``RerankerReplica``: the cross-encoder, on a GPU when the cluster has one, scoring the queries of
   every search replica together with ``@serve.batch`` (the cross-request batching that
-  :class:`engine.batching.RerankBatcher` does inside one process);
+  :class:`engine.rerank.batching.RerankBatcher` does inside one process);
 - ``WriterReplica`` (unless ``--read-only``): the index's one writer. The doors send it every
   write; it checkpoints after each refresh, and each search replica shows the newest checkpoint
-  before it searches (:mod:`engine.follower`): a write is visible on every replica within the
+  before it searches (:mod:`engine.store.follower`): a write is visible on every replica within the
   refresh interval, and at once when it was sent with ``wait``.
 
 Index directories are read from the same path on every node (a shared disk). Ray is an optional
@@ -32,11 +32,11 @@ from ray import serve
 from ray.exceptions import RayError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
-from engine.batching import score_together
 from engine.config import Settings
 from engine.documents import DocumentIn
-from engine.index_dir import read_manifest
-from engine.pipeline import HybridEngine, open_reranker
+from engine.rerank.batching import score_together
+from engine.search.hybrid import HybridEngine, open_reranker
+from engine.store.index_dir import read_manifest
 from serving.admission import Overloaded
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
@@ -74,7 +74,7 @@ class RerankerReplica:
 @serve.deployment(name="writer", num_replicas=1)
 class WriterReplica:
     """The index's one writer: takes every replica's writes and checkpoints after each refresh that
-    applied some, which is what the search replicas follow (:mod:`engine.follower`)."""
+    applied some, which is what the search replicas follow (:mod:`engine.store.follower`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.engine = HybridEngine(settings.model_copy(update={"rerank": False, "checkpoint_bytes": 0}), writable=True)

@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agents.chat_responder import GenerationFailed
-from engine.live import DocumentNotFound, NotYetSearchable
-from engine.wal import StorageFull
+from engine.store.live import DocumentNotFound, NotYetSearchable
+from engine.store.wal import StorageFull
 from serving.admission import Overloaded
 from serving.openapi import openapi_document
 from serving.protocol_routes import ProtocolDoor

@@ -2,9 +2,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.batching import RerankBatcher
-from engine.dataset import load_dataset
-from engine.rerank import Reranker
+from engine.rerank.batching import RerankBatcher
+from engine.rerank.cross_encoder import Reranker
+from offline.dataset import load_dataset
 
 
 def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir, beir_dir):

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.int8 import PLAIN, SMOOTHED, recipe
-from engine.pair_cache import PairCache
-from engine.pipeline import HybridEngine
-from engine.rerank import Reranker, RerankerError
+from engine.rerank.cross_encoder import Reranker, RerankerError
+from engine.rerank.int8 import PLAIN, SMOOTHED, recipe
+from engine.rerank.pair_cache import PairCache
+from engine.search.hybrid import HybridEngine
 from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
+from offline.dataset import load_dataset
 from tests.helpers import short_training
 
 
@@ -194,7 +194,7 @@ def test_the_engine_runs_numpy_blas_on_one_thread(index_dir):
 def test_pairs_tokenize_as_the_hugging_face_tokenizer_reading_less(reranker_dir):
     from transformers import AutoTokenizer
 
-    from engine.pair_tokens import PairTokenizer
+    from engine.rerank.pair_tokens import PairTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(reranker_dir)
     sentence = "Caffeine intake was associated with lower liver enzyme levels in the cohort. "
@@ -234,7 +234,7 @@ def test_a_question_longer_than_the_window_is_still_reranked(index_dir, reranker
 def test_the_trace_writes_attention_out_and_a_trace_by_an_older_recipe_is_redone(reranker_dir, tmp_path):
     import onnx
 
-    from engine.onnx_runtime import TRACE, TRACE_KEY
+    from engine.rerank.onnx import TRACE, TRACE_KEY
 
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)
@@ -252,7 +252,7 @@ def test_smoothing_moves_range_into_the_weights_without_changing_the_function(re
     import onnx
     import onnxruntime as ort
 
-    from engine.int8 import _activation_maxima, _smooth, _weighted_products
+    from engine.rerank.int8 import _activation_maxima, _smooth, _weighted_products
 
     traced = Reranker(reranker_dir, "cpu", max_length=64).onnx
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from engine.dataset import DatasetError, fingerprint, load_dataset
+from offline.dataset import DatasetError, fingerprint, load_dataset
 from tests.helpers import write_beir
 
 

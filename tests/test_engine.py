@@ -5,9 +5,9 @@ import sqlite3
 import pytest
 
 from engine.config import Settings
-from engine.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
-from engine.pipeline import HybridEngine
-from engine.rerank import Reranker, RerankerError
+from engine.rerank.cross_encoder import Reranker, RerankerError
+from engine.search.hybrid import HybridEngine
+from engine.store.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
 
 
 def test_manifest_records_the_build(index_dir, beir_dir):
@@ -34,7 +34,7 @@ def test_torch_flat_index_searches_like_faiss(engine, index_dir):
     import faiss
     import numpy as np
 
-    from engine.dense import TorchFlatIndex
+    from engine.retrieval.dense import TorchFlatIndex
 
     index = faiss.read_index(str(index_dir / "dense.faiss"))
     ids = faiss.vector_to_array(index.id_map)
@@ -47,7 +47,7 @@ def test_torch_flat_index_searches_like_faiss(engine, index_dir):
 
 
 def test_judgment_memory_votes_with_training_judgments(engine, index_dir):
-    from engine.index_dir import read_manifest
+    from engine.store.index_dir import read_manifest
 
     assert read_manifest(index_dir).memory == {"split": "train", "queries": 8}
     # the tiny dataset's training query for soy is "prostate and cancer effects"; it judged
@@ -93,8 +93,8 @@ def test_reranker_order_is_respected(index_dir, reranker_dir):
 
 
 def test_evaluation_reranks_every_stage_head(index_dir, reranker_dir, beir_dir):
-    from engine.dataset import load_dataset
-    from engine.evaluation import stage_runs
+    from offline.dataset import load_dataset
+    from offline.evaluation import stage_runs
 
     settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=4, rerank_blend=1.0)
     engine = HybridEngine(settings)
@@ -173,7 +173,7 @@ def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
 def test_memory_names_the_training_queries_that_cited_a_document_nearest_first(tmp_path):
     import numpy as np
 
-    from engine.memory import JudgmentMemory, write_memory
+    from engine.retrieval.memory import JudgmentMemory, write_memory
 
     vectors = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
     qrels = {"A": {"D1": 2, "D2": 0}, "B": {"D1": 1}, "C": {"D1": 1, "D3": 1}}
@@ -191,7 +191,7 @@ def test_memory_aware_reranker_reads_the_memory_context(index_dir, reranker_dir,
     import json
     import shutil
 
-    from engine.rerank import CARD_FILE
+    from engine.rerank.cross_encoder import CARD_FILE
 
     shutil.copytree(reranker_dir, tmp_path / "aware")
     (tmp_path / "aware" / CARD_FILE).write_text(json.dumps({"memory_context": 3}))

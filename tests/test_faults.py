@@ -45,7 +45,7 @@ def test_a_failed_append_is_cut_back_and_the_log_stays_appendable(tmp_path):
         """
         import resource, sys
         from pathlib import Path
-        from engine.wal import StorageFull, WriteAheadLog
+        from engine.store.wal import StorageFull, WriteAheadLog
 
         wal = WriteAheadLog(Path(sys.argv[1]))
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

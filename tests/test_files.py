@@ -14,7 +14,7 @@ import pytest
 
 from engine.config import Settings
 from engine.documents import Filters
-from engine.pipeline import HybridEngine
+from engine.search.hybrid import HybridEngine
 from index_build.builder import build_index
 from index_build.corpus import read_folder
 
@@ -199,9 +199,9 @@ def test_judgments_can_come_later_for_an_index_built_from_files(files_index, tmp
     """Queries judged against document ids and chunk ids train a learned fusion on the files' index."""
     import shutil
 
-    from engine.dataset import DatasetError
     from index_build.corpus import index_dataset
     from index_build.train_fusion import train_fusion
+    from offline.dataset import DatasetError
 
     index = tmp_path / "index"
     shutil.copytree(files_index, index)

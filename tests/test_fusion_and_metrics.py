@@ -2,8 +2,8 @@ import warnings
 
 import pytest
 
-from engine.evaluation import evaluate_run, in_list_ndcg, sample_queries
-from engine.fusion import blend_reranking, reciprocal_rank_fusion
+from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
+from offline.evaluation import evaluate_run, in_list_ndcg, sample_queries
 
 
 def test_rrf_matches_hand_computation():
@@ -78,7 +78,7 @@ def test_sampling_is_the_evaluators():
 def test_paired_test_measures_gain_and_noise():
     import math
 
-    from engine.evaluation import paired_test
+    from offline.evaluation import paired_test
 
     qrels = {f"q{i}": {"a": 1} | ({"b": 1} if i % 2 else {}) for i in range(6)}
     first = {q: ["a", "b", "x"] for q in qrels}

@@ -7,8 +7,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
-    from engine.dataset import load_dataset
-    from engine.rerank import Reranker
+    from engine.rerank.cross_encoder import Reranker
+    from offline.dataset import load_dataset
 
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     cpu = Reranker(reranker_dir, "cpu").score("caffeine and the liver", docs)
@@ -19,7 +19,7 @@ def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
 
 def test_engine_auto_picks_cuda(index_dir, reranker_dir):
     from engine.config import Settings
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     engine = HybridEngine(Settings(index_dir=index_dir, reranker=reranker_dir))
     assert engine.device == "cuda" and engine.reranker.device == "cuda"
@@ -28,7 +28,7 @@ def test_engine_auto_picks_cuda(index_dir, reranker_dir):
 
 def test_dense_search_runs_on_the_gpu_and_finds_what_the_cpu_finds(index_dir):
     from engine.config import Settings
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     gpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cuda"))
     cpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cpu"))
@@ -42,8 +42,8 @@ def test_onnx_runtime_cuda_provider_ranks_like_torch(reranker_dir, beir_dir):
     ort = pytest.importorskip("onnxruntime")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu is not installed")
-    from engine.dataset import load_dataset
-    from engine.rerank import Reranker
+    from engine.rerank.cross_encoder import Reranker
+    from offline.dataset import load_dataset
 
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     torch_scores = Reranker(reranker_dir, "cuda", runtime="torch").score("caffeine and the liver", docs)
@@ -57,8 +57,8 @@ def test_onnx_runtime_cuda_provider_ranks_like_torch(reranker_dir, beir_dir):
 def test_out_of_memory_halves_the_batch_and_never_fails_the_request(reranker_dir, beir_dir, caplog):
     """A GPU that cannot hold a batch never fails the request: the scores still come, ranked as the CPU
     ranks them. The allocator is capped at what the weights take, so a batch of 32 overflows."""
-    from engine.dataset import load_dataset
-    from engine.rerank import Reranker
+    from engine.rerank.cross_encoder import Reranker
+    from offline.dataset import load_dataset
 
     docs = [d.contents * 8 for d in load_dataset(beir_dir).corpus.values()]
     cpu = Reranker(reranker_dir, "cpu", max_length=256, runtime="torch").score("caffeine and the liver", docs)

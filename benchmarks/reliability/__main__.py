@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.reliability import faults, fuzz, load, server
-from engine.records import write_result
+from offline.records import write_result
 
 RESULTS = Path("benchmarks/results")
 log = logging.getLogger("benchmarks.reliability")
@@ -60,10 +60,10 @@ def fuzz_index(data_dir: Path, target: Path, documents: int = 300) -> Path:
     from dataclasses import replace
 
     from engine.config import Settings
-    from engine.dataset import Dataset, load_dataset
-    from engine.sentences import split_sentences
+    from engine.text import split_sentences
     from index_build.builder import build_index
     from index_build.corpus import beir_corpus
+    from offline.dataset import Dataset, load_dataset
 
     full = load_dataset(data_dir)
     corpus = {
@@ -122,7 +122,7 @@ def fuzz_all(index: Path, work: Path, cases: int, mcp_calls: int, at: int) -> di
 def load_all(index: Path, work: Path, levels: list[int], seconds: int, data_dir: Path) -> dict:
     """The served defaults (reranker on) under 1 … N closed-loop users per door, asking the dev
     queries in turn."""
-    from engine.dataset import load_dataset
+    from offline.dataset import load_dataset
 
     queries = work / "queries.txt"
     queries.write_text("\n".join(load_dataset(data_dir).split_queries("dev").values()) + "\n")

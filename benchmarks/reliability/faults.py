@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import httpx
 
 from benchmarks.reliability.server import ServerExited, free_port, serve_args, start_server, stop_server
-from engine.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
-from engine.records import write_result
+from engine.store.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
+from offline.records import write_result
 
 if TYPE_CHECKING:
     from starlette.testclient import TestClient
@@ -134,7 +134,7 @@ def crashed_copy(index_dir: Path, target: Path) -> Path:
     ``LOGGED`` writes (in the log, applied to no store)."""
     from engine.config import Settings
     from engine.documents import DocumentIn
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     source = _copy(index_dir, target.with_name(target.name + "-writer"))
     settings = Settings(index_dir=source, device="cpu", rerank=False, refresh_interval_s=3600)  # no refresh
@@ -170,7 +170,7 @@ def corruption_outcome(
 
 def _engine_outcome(index: Path) -> dict:
     from engine.config import Settings
-    from engine.pipeline import HybridEngine
+    from engine.search.hybrid import HybridEngine
 
     try:
         engine = HybridEngine(Settings(index_dir=index, device="cpu", rerank=False), writable=True)

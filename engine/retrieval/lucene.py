@@ -13,8 +13,8 @@ import threading
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from engine.index_dir import IndexDirError
-from engine.java import start_jvm
+from engine.retrieval.java import start_jvm
+from engine.store.index_dir import IndexDirError
 
 _TEXT_FIELD = "(Ljava/lang/String;Ljava/lang/CharSequence;Lorg/apache/lucene/index/IndexableFieldType;)V"
 SEQ_KEY = "seq"  # commit user data: the last write-ahead-log record this commit holds

@@ -36,8 +36,8 @@ from typing import Protocol
 import numpy as np
 
 from engine.documents import DocumentIn, unit_id
-from engine.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense
-from engine.wal import WriteAheadLog, fsync_dir
+from engine.store.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense
+from engine.store.wal import WriteAheadLog, fsync_dir
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "writer.lock"

@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from engine.rerank import Reranker
+from engine.rerank.cross_encoder import Reranker
 
 
 @dataclass

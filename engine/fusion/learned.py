@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.calibration import Calibration
+from engine.fusion.calibration import Calibration
 
 MODEL_FILE = "model.txt"
 CARD_FILE = "card.json"

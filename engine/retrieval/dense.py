@@ -7,12 +7,12 @@ sub-linear search on larger ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
-from engine.index_dir import DOCS_FILE, IndexDirError
-from engine.progress import track
+from engine.store.index_dir import DOCS_FILE, IndexDirError
 
 
 def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32, rows: np.ndarray | None = None):
@@ -34,8 +34,11 @@ def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32, rows: np.nd
     return index
 
 
-def encode(model, texts: list[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """Normalised float32 embeddings, ``batch_size`` at a time with progress per batch.
+def encode(
+    model, texts: list[str], batch_size: int = 64, batches: Callable[[range], Iterable[int]] = iter
+) -> np.ndarray:
+    """Normalised float32 embeddings, ``batch_size`` at a time; ``batches`` wraps the batch starts
+    (a build passes a progress bar).
 
     Batches are cut from the texts sorted longest first, as sentence-transformers cuts them in one
     call, so every text shares a batch (and padding) with the same neighbours either way and the
@@ -43,7 +46,7 @@ def encode(model, texts: list[str], batch_size: int = 64, progress: bool = False
     """
     order = np.argsort([-len(text) for text in texts])
     vectors = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
-    for start in track(range(0, len(texts), batch_size), f"encoding {len(texts):,} texts", "batch", enabled=progress):
+    for start in batches(range(0, len(texts), batch_size)):
         rows = order[start : start + batch_size]
         vectors[rows] = model.encode(
             [texts[i] for i in rows],

@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from engine.pipeline import AS_LOADED, SearchOptions
-from engine.progress import track
-from engine.records import write_result
+from engine.search.hybrid import AS_LOADED, SearchOptions
+from offline.progress import track
+from offline.records import write_result
 
 Run = dict[str, list[str]]
 Qrels = Mapping[str, Mapping[str, int]]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.pipeline import SearchOptions
-from engine.records import write_result
+from engine.search.hybrid import SearchOptions
+from offline.records import write_result
 
 STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank", "total")
 

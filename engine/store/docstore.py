@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.documents import DATE, DOCUMENT_TYPE, Filters, unit_id
-from engine.index_dir import IndexDirError
+from engine.store.index_dir import IndexDirError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from engine.dense import DenseRetriever
-from engine.index_dir import latest_dense
+from engine.retrieval.dense import DenseRetriever
+from engine.store.index_dir import latest_dense
 
 log = logging.getLogger(__name__)
 

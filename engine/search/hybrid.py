@@ -15,14 +15,20 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine import telemetry
-from engine.batching import RerankBatcher
 from engine.config import Settings
-from engine.dense import DenseRetriever, encode
-from engine.docstore import Chunk, DocStore
 from engine.documents import Filters
-from engine.fusion import blend_reranking, reciprocal_rank_fusion
+from engine.fusion.learned import FusionModelError, LearnedFusion
+from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
 from engine.health import FailureCount
-from engine.index_dir import (
+from engine.rerank.batching import RerankBatcher
+from engine.rerank.cross_encoder import Reranker, RerankerError, Scorer
+from engine.rerank.pair_cache import PairCache
+from engine.retrieval.dense import DenseRetriever, encode
+from engine.retrieval.encoder import load_encoder, pick_device
+from engine.retrieval.lucene import LuceneIndex
+from engine.retrieval.memory import JudgmentMemory
+from engine.store.docstore import Chunk, DocStore
+from engine.store.index_dir import (
     BM25_DIR,
     DOCS_FILE,
     FUSION_DIR,
@@ -33,15 +39,9 @@ from engine.index_dir import (
     latest_dense,
     read_manifest,
 )
-from engine.learned_fusion import FusionModelError, LearnedFusion
-from engine.lucene import LuceneIndex
-from engine.memory import JudgmentMemory
-from engine.models import load_encoder, pick_device
-from engine.pair_cache import PairCache
-from engine.rerank import Reranker, RerankerError, Scorer
 
 if TYPE_CHECKING:
-    from engine.live import LiveIndex, Writer
+    from engine.store.live import LiveIndex, Writer
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ class HybridEngine:
         """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
-        from engine.follower import Follower
-        from engine.live import LiveIndex, ViewLock, claim_writer
+        from engine.store.follower import Follower
+        from engine.store.live import LiveIndex, ViewLock, claim_writer
 
         self.settings = settings
         index_dir = Path(settings.index_dir)

@@ -10,10 +10,10 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.models import resolve_model
-from engine.onnx_runtime import OnnxCrossEncoder, Pairs
-from engine.pair_cache import PairCache
-from engine.pair_tokens import PairTokenizer
+from engine.rerank.onnx import OnnxCrossEncoder, Pairs
+from engine.rerank.pair_cache import PairCache
+from engine.rerank.pair_tokens import PairTokenizer
+from engine.retrieval.encoder import resolve_model
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"  # written by `train-reranker`; a model from elsewhere may have none

@@ -19,7 +19,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from engine.index_dir import IndexDirError
+from engine.store.index_dir import IndexDirError
 
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<II")

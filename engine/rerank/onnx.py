@@ -3,7 +3,7 @@
 The model is traced once into ``model.onnx`` (dynamic batch and length) beside its weights, or in
 the user's cache when that folder is read-only, and re-traced when the weights are newer or the
 trace was made by an older recipe (``TRACE`` in the file's metadata). With
-``quantize="int8"`` the trace is quantized once more into ``model-int8.onnx`` (engine/int8.py), smoothed
+``quantize="int8"`` the trace is quantized once more into ``model-int8.onnx`` (engine/rerank/int8.py), smoothed
 on pairs from ``calibration`` when the caller has text to give (the engine: its index's documents).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.int8 import SMOOTHED, quantize_int8, recipe, recorded
-from engine.pair_tokens import PairTokenizer
+from engine.rerank.int8 import SMOOTHED, quantize_int8, recipe, recorded
+from engine.rerank.pair_tokens import PairTokenizer
 
 Pairs = Sequence[tuple[str, str]]
 

@@ -1,0 +1,1 @@
+"""Fusing the retrievers' rankings: reciprocal rank fusion, or a learned LambdaMART model."""

@@ -1,0 +1,1 @@
+"""First-stage retrieval: Lucene BM25, the dense encoder and FAISS, and the judgment memory."""

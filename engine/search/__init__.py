@@ -1,0 +1,1 @@
+"""The search pipeline: loading an index, running its stages, assembling the results."""
