@@ -18,7 +18,7 @@ from agents.messages import (
     RetrievedChunk,
 )
 from agents.router import AgentError
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from engine.store.live import NotYetSearchable
 
 

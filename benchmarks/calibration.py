@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.config import Settings
 from engine.fusion.calibration import expected_calibration_error
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.progress import track
 from offline.records import write_result

@@ -34,7 +34,7 @@ from benchmarks.reliability.server import free_port, serve_args, start_server, s
 from engine import threads
 from engine.config import Settings
 from engine.rerank.pair_cache import PairCache
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
 from offline.latency import machine_name

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from engine.config import Settings
 from engine.retrieval.encoder import load_encoder, pick_device
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from index_build.builder import build_index
 from index_build.corpus import beir_corpus
 from index_build.schedule import warmup_linear

@@ -65,7 +65,7 @@ def _simd() -> str:
 def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
     from engine.config import Settings
     from engine.retrieval.encoder import load_encoder
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
     from index_build.builder import build_index
     from index_build.corpus import empty_corpus, read_folder
 

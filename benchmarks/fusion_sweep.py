@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.config import Settings
 from engine.fusion.rrf import reciprocal_rank_fusion
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.evaluation import evaluate_run
 from offline.records import write_result

@@ -24,7 +24,7 @@ PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0}  # dense bf16/fp16 tensor peak (SXM
 
 def _pairs(queries: int, depth: int) -> list[tuple[str, list[tuple[str, str]]]]:
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine, SearchOptions
+    from engine.search import HybridEngine, SearchOptions
     from offline.dataset import load_dataset
 
     settings = Settings()

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from engine.config import Settings
 from engine.fusion.learned import MODEL_FILE, LearnedFusion
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from index_build.train_fusion import LEAVES, TREES, collect, fit, training_split
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test

@@ -54,7 +54,7 @@ def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:
 
 
 def _engine(settings: Settings):
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     return HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
 

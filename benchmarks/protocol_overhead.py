@@ -23,7 +23,7 @@ from agents.messages import Message
 from agents.system import RagRequest, build_responder, build_router, rag_turn
 from agents.traces import TraceStore
 from engine.config import Settings
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result

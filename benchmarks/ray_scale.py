@@ -137,7 +137,7 @@ class RayDeployment:
 
 def same_answers(url: str, settings: Settings, queries: list[str]) -> dict:
     """Every query through the deployment against the in-process engine (same settings)."""
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     engine = HybridEngine(settings)
     same, worst = 0, 0.0

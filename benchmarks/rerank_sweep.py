@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from engine.config import Settings
 from engine.fusion.rrf import blend_reranking
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test
 from offline.records import write_result

@@ -14,7 +14,6 @@ from opentelemetry import context, trace
 from opentelemetry.trace import Status, StatusCode
 
 TRACER = "hybrid_search"
-STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank")
 
 DOOR = context.create_key("hybrid_search.door")  # set by the door a request came in by
 
@@ -24,18 +23,18 @@ tracer = trace.get_tracer(TRACER)
 def record_stages(
     started: float, seconds: Mapping[str, float], top_k: int, found: Mapping[str, tuple[int | None, int | None]]
 ) -> None:
-    """One child span of the current span per stage timed in ``seconds`` (``stages()``'s own
-    perf_counter figures, laid end to end from ``started``, a perf_counter reading), made after the
+    """One child span of the current span per stage timed in ``seconds`` (the query's stopwatch laps,
+    in the order they ran, laid end to end from ``started``, a perf_counter reading), made after the
     fact in one call. ``found``: per stage, (candidates asked for, candidates returned); a rerank
     stage that returned None failed (the fused order served). Nothing when no span records."""
     if not trace.get_current_span().is_recording():
         return
     door = context.get_value(DOOR)
     at = time.time_ns() - time.perf_counter_ns() + int(started * 1e9)
-    for stage in STAGES:
-        if stage not in seconds:
+    for stage, spent in seconds.items():
+        if stage == "total":
             continue
-        end = at + int(seconds[stage] * 1e9)
+        end = at + int(spent * 1e9)
         depth, count = found.get(stage, (None, None))
         attributes = {"search.stage": stage, "search.top_k": top_k}
         if door is not None:

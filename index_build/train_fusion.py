@@ -24,7 +24,7 @@ import numpy as np
 from engine.config import Settings
 from engine.fusion.calibration import Calibration
 from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
-from engine.search.hybrid import HybridEngine, SearchOptions
+from engine.search import HybridEngine, SearchOptions
 from engine.store.index_dir import FUSION_DIR, Manifest
 from offline.dataset import Dataset, load_dataset
 from offline.evaluation import evaluate_run, stage_runs

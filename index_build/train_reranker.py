@@ -32,8 +32,9 @@ from typing import Literal
 
 from engine.config import Settings
 from engine.rerank.cross_encoder import CARD_FILE, Reranker
+from engine.rerank.loading import load_reranker
 from engine.retrieval.encoder import pick_device, resolve_model
-from engine.search.hybrid import HybridEngine, SearchOptions, load_reranker
+from engine.search import HybridEngine, SearchOptions
 from engine.store.index_dir import RERANKER_DIR
 from index_build.negatives import mine_candidates
 from index_build.schedule import warmup_linear

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from engine.search.hybrid import AS_LOADED, SearchOptions
+from engine.search import AS_LOADED, SearchOptions
 from offline.progress import track
 from offline.records import write_result
 

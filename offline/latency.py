@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.search.hybrid import SearchOptions
+from engine.search import SearchOptions
 from offline.records import write_result
 
 STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank", "total")

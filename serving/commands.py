@@ -54,7 +54,7 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
 def search(settings: Settings, args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     fields = {"query": args.query, "top_k": args.top_k, "similarity_threshold": args.similarity_threshold}
     try:
@@ -111,7 +111,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
         path = write_result((args.output or reports / f"agent-eval-{args.split}") / "agent-eval.json", report)
         console.print(f"saved {path}")
         return 0 if report["failures"] == 0 else 1
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
     from offline.evaluation import evaluate_run, paired_test, sample_queries, stage_runs, write_summary, write_trec_run
 
     qrels = dataset.qrels(args.split)
@@ -232,7 +232,7 @@ def init(settings: Settings, args: argparse.Namespace) -> int:
 def ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Read and validate each file whole, then log its documents; one bad file adds nothing. A
     folder that holds no index yet gets an empty one first."""
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
     from index_build.ingest import IngestError, read_documents
     from offline.progress import track
 
@@ -263,7 +263,7 @@ def ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 def compact(settings: Settings, args: argparse.Namespace) -> int:
     """Apply and checkpoint every logged write, so the log is empty and readers can open the index."""
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     engine = HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
     recovered = engine.live.recovery
@@ -294,7 +294,7 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
     run = {"target": args.target, "queries": len(queries), "concurrency": concurrency}
     if args.target == "engine":
         from engine.retrieval.encoder import pick_device
-        from engine.search.hybrid import HybridEngine
+        from engine.search import HybridEngine
 
         default_depths = "0,10,20,50,100,200" if pick_device(settings.device) == "cuda" else "0,10,20,30"
         depths = _int_list(args.depths or default_depths, "--depths")

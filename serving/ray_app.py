@@ -35,7 +35,8 @@ from ray.serve.handle import DeploymentHandle
 from engine.config import Settings
 from engine.documents import DocumentIn
 from engine.rerank.batching import score_together
-from engine.search.hybrid import HybridEngine, open_reranker
+from engine.rerank.loading import open_reranker
+from engine.search import HybridEngine
 from engine.store.index_dir import read_manifest
 from serving.admission import Overloaded
 from serving.app import RequestLog, build_apps

@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from engine.search.hybrid import Hit
+from engine.search import Hit
 
 DOCUMENT_URI = "document://{document_id}"  # the MCP resource template a hit's whole document is read at
 

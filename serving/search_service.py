@@ -17,7 +17,7 @@ from agents.traces import TraceStore
 from engine.config import Settings
 from engine.documents import DocumentIn, SearchRequest
 from engine.health import FailureCount
-from engine.search.hybrid import Hit, HybridEngine
+from engine.search import Hit, HybridEngine
 from engine.store.live import DocumentNotFound
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated

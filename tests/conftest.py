@@ -51,7 +51,7 @@ def reranker_dir(tmp_path_factory, minilm_path) -> str:
 @pytest.fixture(scope="session")
 def engine(index_dir):
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     return HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False))
 

@@ -12,7 +12,7 @@ from engine.config import Settings
 from engine.rerank.cross_encoder import Reranker, RerankerError
 from engine.rerank.int8 import PLAIN, SMOOTHED, recipe
 from engine.rerank.pair_cache import PairCache
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
 from offline.dataset import load_dataset
 from tests.helpers import short_training

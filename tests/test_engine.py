@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import Settings
 from engine.rerank.cross_encoder import Reranker, RerankerError
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from engine.store.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from engine.config import Settings
 from engine.documents import Filters
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from index_build.builder import build_index
 from index_build.corpus import read_folder
 

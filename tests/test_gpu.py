@@ -19,7 +19,7 @@ def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
 
 def test_engine_auto_picks_cuda(index_dir, reranker_dir):
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     engine = HybridEngine(Settings(index_dir=index_dir, reranker=reranker_dir))
     assert engine.device == "cuda" and engine.reranker.device == "cuda"
@@ -28,7 +28,7 @@ def test_engine_auto_picks_cuda(index_dir, reranker_dir):
 
 def test_dense_search_runs_on_the_gpu_and_finds_what_the_cpu_finds(index_dir):
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     gpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cuda"))
     cpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cpu"))

@@ -10,7 +10,7 @@ import pytest
 
 from engine.config import Settings
 from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, FusionModelError
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from engine.store.index_dir import FUSION_DIR
 from offline.dataset import load_dataset
 from offline.evaluation import evaluate_run

@@ -73,7 +73,7 @@ def test_a_torn_tail_is_cut_and_whole_records_survive(tmp_path, caplog):
 def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
     from engine.config import Settings
     from engine.documents import DocumentIn, Filters
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     engine = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
     try:
@@ -117,7 +117,7 @@ def test_similarity_threshold_reads_the_calibrated_probability(engine):
 def test_a_read_only_engine_refuses_unsettled_writes(live_dir):
     from engine.config import Settings
     from engine.documents import DocumentIn
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
     from engine.store.index_dir import IndexDirError
 
     writer = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
@@ -329,7 +329,7 @@ def test_ingest_files_then_search_from_the_cli(live_dir, tmp_path):
     assert "broken.jsonl:2: malformed JSON" in run.stderr and "added 5 documents" in run.stdout
 
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     engine = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
     try:

@@ -44,7 +44,7 @@ def _rest(url: str, query: str, top_k: int = 5) -> list[dict]:
 
 def test_ray_ranks_like_the_single_process(ray_server, index_dir, reranker_dir):
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir))
     for query in QUERIES:

@@ -309,7 +309,7 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):
     from agents.evaluator import evaluate_agent
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
     from offline.dataset import load_dataset
     from offline.evaluation import evaluate_run, sample_queries, served_stage, stage_runs
 

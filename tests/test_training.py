@@ -3,7 +3,7 @@ import json
 import pytest
 
 from engine.config import Settings
-from engine.search.hybrid import HybridEngine
+from engine.search import HybridEngine
 from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
 from offline.dataset import load_dataset

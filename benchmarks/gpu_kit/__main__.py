@@ -20,7 +20,7 @@ def check(out: Path) -> int:
     import torch
 
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
     from offline.records import write_result
 
     engine = HybridEngine(Settings(rerank=False))

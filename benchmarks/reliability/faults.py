@@ -134,7 +134,7 @@ def crashed_copy(index_dir: Path, target: Path) -> Path:
     ``LOGGED`` writes (in the log, applied to no store)."""
     from engine.config import Settings
     from engine.documents import DocumentIn
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     source = _copy(index_dir, target.with_name(target.name + "-writer"))
     settings = Settings(index_dir=source, device="cpu", rerank=False, refresh_interval_s=3600)  # no refresh
@@ -170,7 +170,7 @@ def corruption_outcome(
 
 def _engine_outcome(index: Path) -> dict:
     from engine.config import Settings
-    from engine.search.hybrid import HybridEngine
+    from engine.search import HybridEngine
 
     try:
         engine = HybridEngine(Settings(index_dir=index, device="cpu", rerank=False), writable=True)

@@ -1,32 +1,30 @@
-"""The hybrid engine: BM25, dense and judgment-memory retrieval, fusion (RRF, or learned when the
-index has a trained fusion model), reranking."""
+"""The hybrid engine as loaded: an index directory's retrievers, fusion and reranker, opened once and
+searched by many threads (the stages a query runs are in :mod:`engine.search.stages`)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from engine import telemetry
 from engine.config import Settings
 from engine.documents import Filters
 from engine.fusion.learned import FusionModelError, LearnedFusion
-from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
 from engine.health import FailureCount
 from engine.rerank.batching import RerankBatcher
-from engine.rerank.cross_encoder import Reranker, RerankerError, Scorer
-from engine.rerank.pair_cache import PairCache
+from engine.rerank.cross_encoder import RerankerError, Scorer
+from engine.rerank.loading import open_reranker
 from engine.retrieval.dense import DenseRetriever, encode
 from engine.retrieval.encoder import load_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
+from engine.search import stages
+from engine.search.results import AS_LOADED, Hit, Ranking, SearchOptions, StageResult, make_hits
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
     BM25_DIR,
@@ -44,121 +42,6 @@ if TYPE_CHECKING:
     from engine.store.live import LiveIndex, Writer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Hit:
-    """One ranked document with what every stage said about it (ranks from 1, None = not found)."""
-
-    doc_id: str
-    score: float
-    title: str
-    text: str
-    fused_score: float
-    similarity_score: float = 0.0
-    document_id: str = ""
-    chunk_id: str = ""
-    source_document: str = ""
-    metadata: dict = field(default_factory=dict)
-    bm25_rank: int | None = None
-    bm25_score: float | None = None
-    dense_rank: int | None = None
-    dense_score: float | None = None
-    memory_rank: int | None = None
-    rerank_score: float | None = None
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """One call's departures from the engine as loaded, so that callers choosing between models
-    (training, evaluation, latency sweeps) never change an engine other threads search with.
-
-    ``reranker`` / ``fusion``: score or fuse with this model instead of the engine's (a checkpoint
-    being chosen); ``rerank_depth``: fused candidates to rerank, 0 for none (default: the engine's).
-    """
-
-    reranker: Scorer | None = None
-    fusion: LearnedFusion | None = None
-    rerank_depth: int | None = None
-
-
-AS_LOADED = SearchOptions()
-
-
-@dataclass
-class StageResult:
-    """Every stage's ranking for one query, for evaluation and latency reports. ``fused`` is the
-    fusion used (``fusion``: the learned model, None for ``rrf``)."""
-
-    bm25: list[tuple[str, float]]
-    dense: list[tuple[str, float]]
-    memory: list[tuple[str, float]]
-    rrf: list[tuple[str, float]]
-    fused: list[tuple[str, float]]
-    reranked: list[tuple[str, float]] | None
-    seconds: dict[str, float] = field(default_factory=dict)
-    rerank_scores: dict[str, float] = field(default_factory=dict)
-    query_vector: np.ndarray | None = None
-    chunks: dict[str, Chunk] = field(default_factory=dict)
-    fusion: LearnedFusion | None = None
-
-    @property
-    def retrieved(self) -> dict[str, list[tuple[str, float]]]:
-        """What each first-stage retriever returned, as the learned fusion reads it."""
-        return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
-
-
-def open_reranker(settings: Settings, device: str) -> Reranker | None:
-    """The configured reranker on ``device``, or None (said in the log) when the index has none or
-    it cannot load; a reranker named explicitly (``--reranker``) that cannot load raises."""
-    if not settings.rerank:
-        return None
-    path = settings.reranker_path
-    if settings.reranker is None and not Path(path).is_dir():
-        log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
-        return None
-    try:
-        return load_reranker(settings, path, device)
-    except RerankerError as exc:
-        if settings.reranker is not None:
-            raise
-        log.warning("%s; serving fused results", exc)
-        return None
-
-
-def load_reranker(settings: Settings, path: str, device: str, cache: bool = True) -> Reranker:
-    """The reranker at ``path`` as serving runs it: runtime, quantization, length, batch, and the
-    pair cache unless ``cache`` is off (training scores each checkpoint afresh)."""
-    s = settings
-    return Reranker(
-        path,
-        device,
-        max_length=s.max_length,
-        batch_size=s.rerank_batch_for(device),
-        runtime=s.rerank_runtime,
-        quantize=s.rerank_quantize,
-        cache=PairCache(s.rerank_cache_size, s.rerank_cache_s) if cache and s.rerank_cache_size else None,
-        length_cap=s.rerank_length_cap(device),
-        calibration=int8_calibration(s.index_dir),
-    )
-
-
-def int8_calibration(index_dir: Path, queries: int = 32, per_query: int = 8) -> Callable[[], list[tuple[str, str]]]:
-    """Pairs to smooth an int8 reranker on, read when it is quantized: the opening words of
-    ``queries`` of the index's documents, each against ``per_query`` others (the channels'
-    ranges come from the text, not from relevance: 20 dev queries' top 20 calibrate no better)."""
-
-    def pairs() -> list[tuple[str, str]]:
-        store = Path(index_dir) / DOCS_FILE
-        chunks = DocStore(store).sample(queries * (per_query + 1)) if store.is_file() else []
-        asked, n = chunks[:queries], len(chunks)  # a small store lends its chunks to several pairs
-        return [
-            (" ".join((c.title or c.text).split()[:8]), chunks[(queries + i * per_query + j) % n].contents)
-            for i, c in enumerate(asked)
-            for j in range(per_query)
-        ]
-
-    return pairs
 
 
 class HybridEngine:
@@ -313,83 +196,26 @@ class HybridEngine:
         reranker runs after it, on the texts read under the lock. A reranker that fails leaves the
         fused order (``reranked`` None) and is counted in ``reranker_health``.
         """
-        s = self.settings
-        seconds: dict[str, float] = {}
-        reranker, rerank_depth = self.rerank_plan(options)
-        fusion = options.fusion or self.fusion
-        if self.follower is not None:
-            self.follower.catch_up()
-        with self.view_lock.reading():
-            t0 = time.perf_counter()
-            allowed = self.store.matching(filters) if filters is not None and not filters.empty else None
-            live = allowed if allowed is not None else self.dense.rows
-            # only chunks the store holds: Lucene's view lags the others when its refresh failed (a full disk)
-            bm25 = [hit for hit in self.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
-            t1 = time.perf_counter()
-            vector = self.dense.encode_query(query)
-            t_enc = time.perf_counter()
-            rows = list(allowed.values()) if allowed is not None else None
-            dense = self.dense.search(vector, max(s.dense_depth, top_k), rows)
-            t_dense = time.perf_counter()
-            memory = self.memory.search(vector, s.memory_depth, exclude, live) if self.memory else []
-            t2 = time.perf_counter()
-            rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
-            weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
-            rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
-            found = {"bm25": bm25, "dense": dense, "memory": memory}
-            fused = fusion.rank(query, found, rrf) if fusion is not None else rrf
-            depth = max(rerank_depth, top_k)
-            chunks = self.store.chunks(d for d, _ in fused[:depth])
-            if self.follower is not None:  # the shared store may have dropped what this view still holds
-                fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
-            t3 = time.perf_counter()
-        seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
-        reranked, rerank_scores = None, {}
-        if reranker is not None and fused:
-            try:
-                reranked = self.rerank(query, fused, rerank_scores, top_k, vector, exclude, chunks, options)
-            except Exception as exc:  # a failing model must not fail the query: the fused order serves
-                self.reranker_health.failed(exc)
-                log.warning("reranker failed (%s: %s); serving fused results", type(exc).__name__, exc)
-                rerank_scores = {}
-            else:
-                self.reranker_health.ok()
-            seconds["rerank"] = time.perf_counter() - t3
-        seconds["total"] = time.perf_counter() - t0
-        asked_found = {  # for the stage spans: candidates asked for and found (None: the reranker failed)
-            "bm25": (max(s.bm25_depth, top_k), len(bm25)),
-            "dense": (max(s.dense_depth, top_k), len(dense)),
-            "memory": (s.memory_depth, len(memory)),
-            "fusion": (None, len(fused)),
-            "rerank": (depth, None if reranked is None else len(reranked)),
-        }
-        telemetry.record_stages(t0, seconds, top_k, asked_found)
-        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion)
+        return stages.run_stages(self, query, top_k, exclude, filters, options)
 
     def rerank(
         self,
         query: str,
-        ranking: list[tuple[str, float]],
+        ranking: Ranking,
         scores: dict[str, float],
         top_k: int = 1,
         vector: np.ndarray | None = None,
         exclude: str | None = None,
         chunks: Mapping[str, Chunk] | None = None,
         options: SearchOptions = AS_LOADED,
-    ) -> list[tuple[str, float]]:
+    ) -> Ranking:
         """The head of ``ranking`` (``max(rerank_depth, top_k)`` documents with their first-stage scores)
         reordered by the reranker, blended with the first stage (``rerank_blend``). ``scores`` caches
         cross-encoder scores: documents already in it are not scored again and new ones are added, so
         several rankings of one query share the work. ``vector`` (the query's embedding, encoded when
         not given) and ``exclude`` pick a memory-aware reranker's context, as for the memory's votes.
         """
-        reranker, depth = self.rerank_plan(options)
-        head = ranking[: max(depth, top_k)]
-        todo = [d for d, _ in head if d not in scores]
-        if todo:
-            passages = self.rerank_passages(query, todo, reranker.memory_context, vector, exclude, chunks)
-            scores.update(zip(todo, reranker.score(query, passages), strict=True))
-        return blend_reranking(head, [scores[d] for d, _ in head], self.settings.rerank_blend)
+        return stages.rerank(self, query, ranking, scores, top_k, vector, exclude, chunks, options)
 
     def rerank_passages(
         self,
@@ -404,16 +230,7 @@ class HybridEngine:
         nearest the query that cited it when the reranker was trained that way (``memory_context``
         in its model card; training builds its pairs here too). ``chunks`` are texts already read
         (the store is asked for the others)."""
-        known = dict(chunks or {})
-        missing = [d for d in doc_ids if d not in known]
-        if missing:
-            known.update(self.store.chunks(missing))
-        if not context:
-            return [known[d].contents for d in doc_ids]
-        if vector is None:
-            vector = self.dense.encode_query(query)
-        cited = (self.memory.cited_for(vector, d, context, exclude) for d in doc_ids)
-        return [f"{c} {known[d].contents}" for c, d in zip(cited, doc_ids, strict=True)]
+        return stages.rerank_passages(self, query, doc_ids, context, vector, exclude, chunks)
 
     def describe(self) -> dict:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries
@@ -466,37 +283,7 @@ class HybridEngine:
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 
     def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> list[Hit]:
-        bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
-        dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
-        memory = {d: r for r, (d, _) in enumerate(result.memory, start=1)}
-        fused = dict(result.fused)
-        ranking = (result.reranked if result.reranked is not None else result.fused)[:top_k]
+        """The hits a door answers with: the first ``top_k`` of the served order, with their texts."""
+        ranking = result.final[:top_k]
         chunks = {**self.store.chunks(d for d, _ in ranking if d not in result.chunks), **result.chunks}
-        hits = []
-        for (doc_id, score), similarity in zip(ranking, self.similarity(result, ranking), strict=True):
-            if similarity_threshold is not None and similarity < similarity_threshold:
-                continue
-            chunk = chunks[doc_id]
-            b_rank, b_score = bm25.get(doc_id, (None, None))
-            d_rank, d_score = dense.get(doc_id, (None, None))
-            hits.append(
-                Hit(
-                    doc_id=doc_id,
-                    score=score,
-                    title=chunk.title,
-                    text=chunk.text,
-                    fused_score=fused[doc_id],
-                    similarity_score=similarity,
-                    document_id=chunk.document_id,
-                    chunk_id=chunk.chunk_id,
-                    source_document=chunk.source_document,
-                    metadata=chunk.metadata,
-                    bm25_rank=b_rank,
-                    bm25_score=b_score,
-                    dense_rank=d_rank,
-                    dense_score=d_score,
-                    memory_rank=memory.get(doc_id),
-                    rerank_score=result.rerank_scores.get(doc_id),
-                )
-            )
-        return hits
+        return make_hits(result, top_k, chunks, self.similarity(result, ranking), similarity_threshold)

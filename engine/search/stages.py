@@ -1,0 +1,130 @@
+"""What one query runs: the retrievers under the index's view, fusion, then the reranker.
+
+Each function takes the loaded :class:`~engine.search.hybrid.HybridEngine` and times its stages on
+one :class:`~engine.search.stopwatch.Stopwatch`, whose figures the latency reports, the metrics and
+the OpenTelemetry stage spans all read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine import telemetry
+from engine.documents import Filters
+from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
+from engine.search.results import AS_LOADED, Ranking, SearchOptions, StageResult
+from engine.search.stopwatch import Stopwatch
+from engine.store.docstore import Chunk
+
+if TYPE_CHECKING:
+    from engine.search import HybridEngine
+
+log = logging.getLogger(__name__)
+
+
+def run_stages(
+    engine: HybridEngine,
+    query: str,
+    top_k: int = 10,
+    exclude: str | None = None,
+    filters: Filters | None = None,
+    options: SearchOptions = AS_LOADED,
+) -> StageResult:
+    """Every stage for one query (:meth:`HybridEngine.stages` says what each argument means)."""
+    s = engine.settings
+    reranker, rerank_depth = engine.rerank_plan(options)
+    fusion = options.fusion or engine.fusion
+    if engine.follower is not None:
+        engine.follower.catch_up()
+    watch = Stopwatch()
+    with engine.view_lock.reading():
+        allowed = engine.store.matching(filters) if filters is not None and not filters.empty else None
+        live = allowed if allowed is not None else engine.dense.rows
+        # only chunks the store holds: Lucene's view lags the others when its refresh failed (a full disk)
+        bm25 = [hit for hit in engine.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
+        watch.lap("bm25")
+        vector = engine.dense.encode_query(query)
+        watch.lap("encode")
+        rows = list(allowed.values()) if allowed is not None else None
+        dense = engine.dense.search(vector, max(s.dense_depth, top_k), rows)
+        watch.lap("dense")
+        memory = engine.memory.search(vector, s.memory_depth, exclude, live) if engine.memory else []
+        watch.lap("memory")
+        rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
+        weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
+        rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
+        found = {"bm25": bm25, "dense": dense, "memory": memory}
+        fused = fusion.rank(query, found, rrf) if fusion is not None else rrf
+        depth = max(rerank_depth, top_k)
+        chunks = engine.store.chunks(d for d, _ in fused[:depth])
+        if engine.follower is not None:  # the shared store may have dropped what this view still holds
+            fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
+        watch.lap("fusion")
+    reranked, rerank_scores = None, {}
+    if reranker is not None and fused:
+        try:
+            reranked = rerank(engine, query, fused, rerank_scores, top_k, vector, exclude, chunks, options)
+        except Exception as exc:  # a failing model must not fail the query: the fused order serves
+            engine.reranker_health.failed(exc)
+            log.warning("reranker failed (%s: %s); serving fused results", type(exc).__name__, exc)
+            rerank_scores = {}
+        else:
+            engine.reranker_health.ok()
+        watch.lap("rerank")
+    seconds = watch.stop()
+    asked_found = {  # for the stage spans: candidates asked for and found (None: the reranker failed)
+        "bm25": (max(s.bm25_depth, top_k), len(bm25)),
+        "dense": (max(s.dense_depth, top_k), len(dense)),
+        "memory": (s.memory_depth, len(memory)),
+        "fusion": (None, len(fused)),
+        "rerank": (depth, None if reranked is None else len(reranked)),
+    }
+    telemetry.record_stages(watch.started, seconds, top_k, asked_found)
+    return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion)
+
+
+def rerank(
+    engine: HybridEngine,
+    query: str,
+    ranking: Ranking,
+    scores: dict[str, float],
+    top_k: int = 1,
+    vector: np.ndarray | None = None,
+    exclude: str | None = None,
+    chunks: Mapping[str, Chunk] | None = None,
+    options: SearchOptions = AS_LOADED,
+) -> Ranking:
+    """The head of ``ranking`` reordered by the reranker (:meth:`HybridEngine.rerank`)."""
+    reranker, depth = engine.rerank_plan(options)
+    head = ranking[: max(depth, top_k)]
+    todo = [d for d, _ in head if d not in scores]
+    if todo:
+        passages = rerank_passages(engine, query, todo, reranker.memory_context, vector, exclude, chunks)
+        scores.update(zip(todo, reranker.score(query, passages), strict=True))
+    return blend_reranking(head, [scores[d] for d, _ in head], engine.settings.rerank_blend)
+
+
+def rerank_passages(
+    engine: HybridEngine,
+    query: str,
+    doc_ids: list[str],
+    context: int,
+    vector: np.ndarray | None = None,
+    exclude: str | None = None,
+    chunks: Mapping[str, Chunk] | None = None,
+) -> list[str]:
+    """What a reranker reads for each document (:meth:`HybridEngine.rerank_passages`)."""
+    known = dict(chunks or {})
+    missing = [d for d in doc_ids if d not in known]
+    if missing:
+        known.update(engine.store.chunks(missing))
+    if not context:
+        return [known[d].contents for d in doc_ids]
+    if vector is None:
+        vector = engine.dense.encode_query(query)
+    cited = (engine.memory.cited_for(vector, d, context, exclude) for d in doc_ids)
+    return [f"{c} {known[d].contents}" for c, d in zip(cited, doc_ids, strict=True)]
