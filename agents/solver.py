@@ -18,7 +18,7 @@ from agents.history import compress
 from agents.messages import Turn
 from agents.policy import PolicyDoc, evaluate
 from agents.responder import ExtractiveResponder, Question, Source
-from engine.documents import Query
+from engine.documents import MAX_QUERY_CHARS, Query
 
 AGENT_NAME = "hybrid-search purple agent"
 VERSION = "0.2.0"
@@ -36,8 +36,15 @@ class SolverRequest(BaseModel):
 
 
 class Solver:
-    def __init__(self, engine, responder: ExtractiveResponder | ChatResponder, keep_last: int = 4, top_k: int = 5):
-        self.engine, self.responder = engine, responder
+    def __init__(
+        self,
+        engine,
+        responder: ExtractiveResponder | ChatResponder,
+        max_query_chars: int = MAX_QUERY_CHARS,
+        keep_last: int = 4,
+        top_k: int = 5,
+    ):
+        self.engine, self.responder, self.max_query_chars = engine, responder, max_query_chars
         self.keep_last, self.top_k = keep_last, top_k
 
     def describe(self) -> dict:
@@ -70,7 +77,7 @@ class Solver:
         history = compress([t.model_dump() for t in request.history], self.engine.dense.encoder, self.keep_last)
         previous = next((t["content"] for t in reversed(history.turns) if t["role"] == "user"), None)
         query = f"{previous} {request.task}" if previous else request.task
-        longest = self.engine.settings.max_query_chars  # the task whole, the history's end before it
+        longest = self.max_query_chars  # the task whole, the history's end before it
         hits = self.engine.search(query[-longest:], self.top_k)
         sources = [Source(h.text, h.document_id, h.similarity_score) for h in hits]
         if request.context:

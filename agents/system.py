@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, StringConstraints
 
 from agents.messages import Message, Turn
 from agents.router import Router
+from agents.settings import AgentSettings
 from agents.traces import TraceStore
 from engine.documents import Filters, Query, TopK
 
@@ -56,13 +57,13 @@ async def rag_turn(router: Router, request: RagRequest) -> dict:
     return {"conversation_id": conversation, "messages": [m.model_dump(mode="json") for m in messages]}
 
 
-def build_responder(engine, timeout_s: float = 30.0):
+def build_responder(engine, settings: AgentSettings, timeout_s: float = 30.0):
     """The answer step every agent shares: extractive on the engine's own encoder, or an
     OpenAI-compatible server when ``llm_url`` is set (falling back to extractive unless told not to)."""
     from agents.chat_responder import ChatResponder
     from agents.responder import ExtractiveResponder
 
-    s = engine.settings
+    s = settings
     responder = ExtractiveResponder(engine.dense.encoder)
     if s.llm_url:
         return ChatResponder(s.llm_url, s.llm_model, s.llm_api_key, responder, timeout_s, s.llm_fallback)

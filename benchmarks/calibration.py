@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import Settings
 from engine.fusion.calibration import expected_calibration_error
 from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.progress import track
 from offline.records import write_result
+from serving.settings import Settings
 
 
 def main() -> None:
@@ -32,9 +32,9 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     settings = Settings()
-    dataset = load_dataset(settings.data_dir)
+    dataset = load_dataset(settings.build.data_dir)
     qrels = dataset.qrels(args.split)
-    engine = HybridEngine(settings)
+    engine = HybridEngine(settings.engine)
     if engine.fusion is None or engine.fusion.calibration is None:
         raise SystemExit("this index has no calibration: rebuild it, or run `hybrid-search train-fusion`")
     rankings = {"fused": ([], [])} | ({"reranked (served)": ([], [])} if engine.reranker is not None else {})

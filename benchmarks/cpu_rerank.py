@@ -32,9 +32,10 @@ import numpy as np
 from agents.door_load import door_load
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from engine import threads
-from engine.config import Settings
 from engine.rerank.pair_cache import PairCache
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
 from offline.latency import machine_name
@@ -76,9 +77,8 @@ class Variant:
 
 def measure(variant: Variant, args: argparse.Namespace, queries: dict[str, str], qrels) -> tuple[dict, dict]:
     """One variant's row, and its served dev run (for the t-test)."""
-    settings = Settings(
+    settings = EngineSettings(
         index_dir=args.index_dir,
-        data_dir=args.data,
         device="cpu",
         reranker=variant.folder,
         rerank_quantize=variant.quantize,
@@ -153,8 +153,8 @@ def end_to_end(variant: Variant, args: argparse.Namespace, texts: list[str]) -> 
 def replay_hit_rate(args: argparse.Namespace, dataset) -> dict:
     """The pair cache's hit rate over one pass of every query text in the dataset, in file order:
     the pairs the reranker would read at the CPU depth go through a real :class:`PairCache`."""
-    engine = HybridEngine(Settings(index_dir=args.index_dir, data_dir=args.data, device="cpu", rerank=False))
-    cache, depth = PairCache(20_000, 600), Settings().rerank_depth_for("cpu")
+    engine = HybridEngine(EngineSettings(index_dir=args.index_dir, device="cpu", rerank=False))
+    cache, depth = PairCache(20_000, 600), EngineSettings().rerank_depth_for("cpu")
     for text in track(dataset.queries.values(), "replay", "query"):
         ids = [d for d, _ in engine.stages(text, top_k=depth).fused[:depth]]
         cache.scores([(text, p) for p in engine.rerank_passages(text, ids, 5)], lambda todo: [0.0] * len(todo))
@@ -195,8 +195,8 @@ def main() -> None:
         description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--variant", type=Variant.parse, action="append", default=[], metavar="SPEC")
-    parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
-    parser.add_argument("--data", type=Path, default=Settings().data_dir)
+    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
+    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
     parser.add_argument("--split", default="dev")
     parser.add_argument("--num-queries", type=int, help="sample N judged queries of the split (default: all)")
     parser.add_argument("--timed-queries", type=int, default=60, help="queries timed at each depth (default 60)")

@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from engine.config import Settings
 from engine.retrieval.encoder import load_encoder, pick_device
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from index_build.builder import build_index
 from index_build.corpus import beir_corpus
 from index_build.schedule import warmup_linear
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.evaluation import evaluate_run, paired_test, stage_runs
 from offline.records import write_result
@@ -38,7 +39,7 @@ NEGATIVE_RANKS = slice(5, 60)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index-dir", type=Path, default=Settings().index_dir, help="the index to compare with")
+    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir, help="the index to compare with")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps (200: ~18 minutes on 2 CPU cores)")
     parser.add_argument("--batch", type=int, default=32, help="training queries per step")
     parser.add_argument("--lr", type=float, default=5e-5)
@@ -46,8 +47,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/dense-finetune-dev.json"))
     args = parser.parse_args()
-    settings = Settings(index_dir=args.index_dir, rerank=False)
-    dataset = load_dataset(settings.data_dir)
+    settings = EngineSettings(index_dir=args.index_dir, rerank=False)
+    dataset = load_dataset(BuildSettings().data_dir)
     base = HybridEngine(settings)
     dev, dev_queries = dataset.qrels("dev"), dataset.split_queries("dev")
     before = stage_runs(base, dev_queries, progress=False)
@@ -55,8 +56,8 @@ def main() -> None:
         started = time.perf_counter()
         losses = _fine_tune(base, dataset, Path(work) / "encoder", args)
         trained = round(time.perf_counter() - started, 1)
-        tuned = settings.model_copy(update={"encoder": str(Path(work) / "encoder"), "index_dir": Path(work) / "index"})
-        build_index(tuned, beir_corpus(dataset))
+        tuned = settings.model_copy(update={"index_dir": Path(work) / "index"})
+        build_index(tuned, BuildSettings(encoder=str(Path(work) / "encoder")), beir_corpus(dataset))
         after = stage_runs(HybridEngine(tuned), dev_queries, progress=False)
     report = {
         stage: {"before": evaluate_run(dev, before[stage]), "after": evaluate_run(dev, after[stage])}

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.settings import EngineSettings
+
 GFLOP_PER_CHUNK_256 = 5.4  # MiniLM-L6 forward pass at 256 tokens (the figure)
 FORMATS = ("pdf", "md", "html", "docx")
 
@@ -63,11 +65,11 @@ def _simd() -> str:
 
 
 def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
-    from engine.config import Settings
     from engine.retrieval.encoder import load_encoder
     from engine.search import HybridEngine
     from index_build.builder import build_index
     from index_build.corpus import empty_corpus, read_folder
+    from index_build.settings import BuildSettings
 
     folder = work / "files"
     started = time.perf_counter()
@@ -77,18 +79,18 @@ def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
     started = time.perf_counter()
     corpus = read_folder(folder, progress=False)
     read_s = time.perf_counter() - started
-    settings = Settings(data_dir=folder, index_dir=work / "index", device="cpu")
+    build = BuildSettings(data_dir=folder)
     started = time.perf_counter()
-    build_index(settings, corpus, progress=False)
+    build_index(EngineSettings(index_dir=work / "index", device="cpu"), build, corpus, progress=False)
     build_s = time.perf_counter() - started
 
     texts = [f"{c['title']} {c['content']}" for d in corpus.documents for c in d["chunks"]]
-    encoder = load_encoder(settings.encoder, "cpu")
+    encoder = load_encoder(build.encoder, "cpu")
     tokens = [min(len(encoder.tokenizer(t)["input_ids"]), encoder.max_seq_length) for t in texts]
     mean_tokens = sum(tokens) / len(tokens)
 
-    live_settings = Settings(index_dir=work / "live", device="cpu", rerank=False)
-    build_index(live_settings, empty_corpus(), progress=False)
+    live_settings = EngineSettings(index_dir=work / "live", device="cpu", rerank=False)
+    build_index(live_settings, build, empty_corpus(), progress=False)
     engine = HybridEngine(live_settings, writable=True)
     from engine.documents import DocumentIn
 

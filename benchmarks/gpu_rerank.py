@@ -18,21 +18,23 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.settings import EngineSettings
+
 GFLOP_PER_PAIR_256 = 5.4  # MiniLM-L6 at 256 tokens, the figure
 PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0}  # dense bf16/fp16 tensor peak (SXM)
 
 
 def _pairs(queries: int, depth: int) -> list[tuple[str, list[tuple[str, str]]]]:
-    from engine.config import Settings
     from engine.search import HybridEngine, SearchOptions
     from offline.dataset import load_dataset
+    from serving.settings import Settings
 
     settings = Settings()
-    engine = HybridEngine(settings)
+    engine = HybridEngine(settings.engine)
     context = engine.reranker.memory_context if engine.reranker is not None else 0
     fused = SearchOptions(rerank_depth=0)
     out = []
-    for query in list(load_dataset(settings.data_dir).split_queries("dev").values())[:queries]:
+    for query in list(load_dataset(settings.build.data_dir).split_queries("dev").values())[:queries]:
         ids = [h.doc_id for h in engine.search(query, depth, options=fused)]
         out.append((query, [(query, p) for p in engine.rerank_passages(query, ids, context)]))
     return out
@@ -125,10 +127,9 @@ def measure(reranker_dir: str, queries: int, depth: int, batch: int, max_length:
     )
     variants["onnxruntime-gpu"] = _onnx_status()
 
-    from engine.config import Settings
     from engine.rerank.cross_encoder import Reranker
 
-    served = Reranker(reranker_dir, "cuda", max_length=max_length, batch_size=Settings().rerank_batch_for("cuda"))
+    served = Reranker(reranker_dir, "cuda", max_length=max_length, batch_size=EngineSettings().rerank_batch_for("cuda"))
     served.score_pairs(per_query[0][1])
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -163,7 +164,6 @@ def _onnx_status() -> dict:
 
 
 def main() -> None:
-    from engine.config import Settings
     from offline.records import write_result
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,7 +174,9 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    report = measure(args.reranker or Settings().reranker_path, args.queries, args.depth, args.batch, args.max_length)
+    report = measure(
+        args.reranker or EngineSettings().reranker_path, args.queries, args.depth, args.batch, args.max_length
+    )
     write_result(args.out, report, vars(args))
 
 

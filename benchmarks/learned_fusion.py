@@ -19,9 +19,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine.config import Settings
 from engine.fusion.learned import MODEL_FILE, LearnedFusion
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from index_build.train_fusion import LEAVES, TREES, collect, fit, training_split
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/learned-fusion-dev.json"))
     args = parser.parse_args()
-    settings = Settings(fusion="rrf")
+    settings = EngineSettings(fusion="rrf")
     dataset = load_dataset(settings.data_dir)
     engine = HybridEngine(settings)
     plain = HybridEngine(settings.model_copy(update={"rerank": False}))  # training features need no reranking

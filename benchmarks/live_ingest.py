@@ -22,13 +22,14 @@ import threading
 import time
 from pathlib import Path
 
-from engine.config import Settings
 from engine.documents import DocumentIn, Filters
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
 
 
-def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:
+def _documents(settings: EngineSettings, n: int, offset: int = 0) -> list[DocumentIn]:
     from engine.store.docstore import DocStore
     from engine.store.index_dir import DOCS_FILE
 
@@ -53,13 +54,13 @@ def _documents(settings: Settings, n: int, offset: int = 0) -> list[DocumentIn]:
     return docs
 
 
-def _engine(settings: Settings):
+def _engine(settings: EngineSettings):
     from engine.search import HybridEngine
 
     return HybridEngine(settings.model_copy(update={"rerank": False}), writable=True)
 
 
-def ingest_and_visibility(settings: Settings, n: int, probes: int) -> dict:
+def ingest_and_visibility(settings: EngineSettings, n: int, probes: int) -> dict:
     engine = _engine(settings)
     try:
         docs = _documents(settings, n)
@@ -91,7 +92,7 @@ def ingest_and_visibility(settings: Settings, n: int, probes: int) -> dict:
         engine.close()
 
 
-def search_latency(settings: Settings, queries: list[str], ingest: bool) -> dict:
+def search_latency(settings: EngineSettings, queries: list[str], ingest: bool) -> dict:
     engine = _engine(settings)
     stop = threading.Event()
     written = [0]
@@ -124,14 +125,14 @@ def search_latency(settings: Settings, queries: list[str], ingest: bool) -> dict
     }
 
 
-def _write_then_die(settings: Settings, n: int) -> None:
+def _write_then_die(settings: EngineSettings, n: int) -> None:
     engine = _engine(settings)
     for doc in _documents(settings, n, offset=100_000):
         engine.live.upsert(doc)
     os._exit(0)  # no checkpoint: the next start must replay every record
 
 
-def recovery(settings: Settings, n: int) -> dict:
+def recovery(settings: EngineSettings, n: int) -> dict:
     child = multiprocessing.get_context("spawn").Process(target=_write_then_die, args=(settings, n))
     child.start()
     child.join()
@@ -147,7 +148,7 @@ def recovery(settings: Settings, n: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
+    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
     parser.add_argument("--documents", type=int, default=300)
     parser.add_argument("--probes", type=int, default=30, help="writes timed from acknowledgement to searchable")
     parser.add_argument("--queries", type=int, default=100)
@@ -156,15 +157,15 @@ def main() -> None:
     args = parser.parse_args()
     from offline.dataset import load_dataset
 
-    queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())[: args.queries]
+    queries = list(load_dataset(BuildSettings().data_dir).split_queries("dev").values())[: args.queries]
     report: dict = {"index": str(args.index_dir)}
     with tempfile.TemporaryDirectory(prefix="live-bench-") as tmp:
         copy = Path(tmp) / "index"
 
-        def fresh() -> Settings:
+        def fresh() -> EngineSettings:
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(args.index_dir, copy, ignore=shutil.ignore_patterns("reranker"))
-            return Settings(index_dir=copy, device="auto")
+            return EngineSettings(index_dir=copy, device="auto")
 
         report["ingest"] = ingest_and_visibility(fresh(), args.documents, args.probes)
         settings = fresh()

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.latency import machine, percentiles
 from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
-from engine.config import Settings
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
+from offline.latency import percentiles
+from offline.records import machine
 
 MODES = {"off": ({"OTEL_SDK_DISABLED": "true"}, False), "on": ({}, False), "export": ({}, True)}
 
@@ -155,7 +156,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-2core/otel-cost.json"))
     args = p.parse_args()
-    queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())[:50]
+    queries = list(load_dataset(BuildSettings().data_dir).split_queries("dev").values())[:50]
     receiver = SpanCounter()
     with tempfile.TemporaryDirectory() as work:
         report = measure(args.index_dir, queries, args.requests, Path(work), receiver)

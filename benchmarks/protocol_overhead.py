@@ -20,19 +20,21 @@ from pathlib import Path
 import httpx
 
 from agents.messages import Message
+from agents.settings import AgentSettings
 from agents.system import RagRequest, build_responder, build_router, rag_turn
 from agents.traces import TraceStore
-from engine.config import Settings
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
 
 
 def in_process(queries: list[str]) -> dict:
-    engine = HybridEngine(Settings(rerank=False))
+    engine = HybridEngine(EngineSettings(rerank=False))
     with tempfile.TemporaryDirectory() as tmp:
-        router = build_router(engine, TraceStore(Path(tmp) / "t.sqlite"), build_responder(engine))
+        router = build_router(engine, TraceStore(Path(tmp) / "t.sqlite"), build_responder(engine, AgentSettings()))
         direct, routed, legs = [], [], {"retrieval": [], "response": [], "turn": []}
         engine.search(queries[0], 5)  # warm up before timing
 
@@ -112,7 +114,7 @@ def main() -> None:
     parser.add_argument("--url", help="a running `hybrid-search serve` (its MCP/REST port)")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())[: args.queries]
+    queries = list(load_dataset(BuildSettings().data_dir).split_queries("dev").values())[: args.queries]
     out = args.output or Path("benchmarks/results") / machine_name() / "protocol-overhead.json"
     report = {"queries": len(queries), "in_process": in_process(queries)}
     write_result(out, report, vars(args))

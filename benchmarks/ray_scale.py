@@ -35,10 +35,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
-from engine.config import Settings
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
+from serving.settings import Settings
 
 SEARCH = "/search_nfcorpus"
 
@@ -100,18 +100,16 @@ class RayDeployment:
         self.port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         self.url = f"http://127.0.0.1:{self.port}"
-        self.settings = settings.model_copy(update={"public_url": f"{self.url}{A2A_PREFIX}/"})
+        self.settings = settings.with_values(public_url=f"{self.url}{A2A_PREFIX}/")
 
     def deploy(self, search: int, rerankers: int, replica_cpus: float) -> float:
         from serving.ray_app import APP_NAME, application
 
         started = time.perf_counter()
-        settings = self.settings.model_copy(
-            update={
-                "ray_search_replicas": (search, search),
-                "ray_reranker_replicas": (rerankers, rerankers),
-                "ray_replica_cpus": replica_cpus,
-            }
+        settings = self.settings.with_values(
+            ray_search_replicas=(search, search),
+            ray_reranker_replicas=(rerankers, rerankers),
+            ray_replica_cpus=replica_cpus,
         )
         self.serve.run(application(settings), name=APP_NAME, route_prefix="/")
         return time.perf_counter() - started
@@ -139,7 +137,7 @@ def same_answers(url: str, settings: Settings, queries: list[str]) -> dict:
     """Every query through the deployment against the in-process engine (same settings)."""
     from engine.search import HybridEngine
 
-    engine = HybridEngine(settings)
+    engine = HybridEngine(settings.engine)
     same, worst = 0, 0.0
     with httpx.Client(timeout=60) as http:
         for query in queries:
@@ -348,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if {"visible", "writer"} - skip:  # on a copy: the writer deployment changes the index
             copy = Path(tempfile.mkdtemp(prefix="ray-scale-")) / "index"
             shutil.copytree(args.index_dir, copy)
-            ray.settings = ray.settings.model_copy(update={"index_dir": copy})
+            ray.settings = ray.settings.with_values(index_dir=copy)
             ray.deploy(2, 1, 1.0)
             if "visible" not in skip:
                 report["visible"] = write_visibility(ray.url)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine.config import Settings
 from engine.fusion.rrf import blend_reranking
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test
 from offline.records import write_result
@@ -28,8 +29,8 @@ BLENDS = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="dev")
-    parser.add_argument("--index-dir", type=Path, default=Settings().index_dir)
-    parser.add_argument("--data", type=Path, default=Settings().data_dir)
+    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
+    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
     parser.add_argument("--depths", default="6,10,15,20,30", help="comma-separated rerank depths")
     parser.add_argument(
         "--fusion", choices=["learned", "rrf"], default="learned", help="fusion to rerank (default learned)"
@@ -43,7 +44,7 @@ def main() -> None:
     depths = sorted(int(d) for d in args.depths.split(","))
     dataset = load_dataset(args.data)
     qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
-    settings = Settings(
+    settings = EngineSettings(
         index_dir=args.index_dir,
         reranker=args.reranker,
         rerank_depth=depths[-1],

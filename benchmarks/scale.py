@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import Settings
 from engine.retrieval.dense import build_faiss, encode
 from engine.retrieval.encoder import load_encoder
+from engine.settings import EngineSettings
 from engine.store.index_dir import DENSE_FILE
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
+from serving.settings import Settings
 
 HNSW_LIMIT = 200_000  # HNSW over 1M vectors takes many minutes to build on 2 cores: opt in with --hnsw-limit
 
@@ -47,7 +48,7 @@ def build(kind: str, vectors: np.ndarray):
         return index
     index = build_faiss(vectors, kind)
     if kind == "hnsw":
-        faiss.downcast_index(index.index).hnsw.efSearch = Settings().hnsw_ef_search  # as the engine searches
+        faiss.downcast_index(index.index).hnsw.efSearch = EngineSettings().hnsw_ef_search  # as the engine searches
     return index
 
 
@@ -60,11 +61,11 @@ def main() -> None:
     parser.add_argument("--hnsw-limit", type=int, default=HNSW_LIMIT, help="largest size to build HNSW for")
     args = parser.parse_args()
     settings = Settings()
-    flat = faiss.read_index(str(settings.index_dir / DENSE_FILE))
+    flat = faiss.read_index(str(settings.engine.index_dir / DENSE_FILE))
     base = flat.reconstruct_n(0, flat.ntotal)
-    dataset = load_dataset(settings.data_dir)
+    dataset = load_dataset(settings.build.data_dir)
     texts = list(dataset.split_queries("dev").values())[: args.queries]
-    queries = encode(load_encoder(settings.encoder, "cpu"), texts)
+    queries = encode(load_encoder(settings.build.encoder, "cpu"), texts)
     rng = np.random.default_rng(0)
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.config import Settings
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--tasks", type=int, default=30)
     args = parser.parse_args()
-    queries = list(load_dataset(Settings().data_dir).split_queries("dev").values())
+    queries = list(load_dataset(BuildSettings().data_dir).split_queries("dev").values())
     tasks = queries[: args.tasks]
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": q} for i, q in enumerate(queries[-20:])]
     report = {

@@ -1,6 +1,6 @@
 """The online engine: hybrid BM25 + dense retrieval, fusion and cross-encoder reranking."""
 
-from engine.config import Settings
 from engine.search import Hit, HybridEngine
+from engine.settings import EngineSettings
 
-__all__ = ["HybridEngine", "Hit", "Settings"]
+__all__ = ["EngineSettings", "Hit", "HybridEngine"]

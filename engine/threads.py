@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 
-# Commands whose process answers queries one after another (the CLI sets the pools up for them).
-QUERY_COMMANDS = ("serve", "search", "bench", "mcp-stdio")
-
 
 def for_queries() -> None:
     """OpenMP workers sleep when idle instead of spinning (``OMP_WAIT_POLICY=PASSIVE``), unless the

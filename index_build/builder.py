@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import Settings
 from engine.documents import unit_id
 from engine.retrieval.dense import build_faiss, encode
 from engine.retrieval.encoder import load_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import write_memory
+from engine.settings import EngineSettings
 from engine.store.docstore import DocStore
 from engine.store.index_dir import (
     BM25_DIR,
@@ -33,6 +33,7 @@ from engine.store.index_dir import (
     read_manifest,
 )
 from index_build.corpus import Corpus, open_corpus
+from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
 from offline.dataset import Dataset
 from offline.progress import track
@@ -42,20 +43,24 @@ _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers"
 
 
 def build_index(
-    settings: Settings, corpus: Corpus | None = None, progress: bool = True, on_ray: bool = False
+    settings: EngineSettings,
+    build: BuildSettings,
+    corpus: Corpus | None = None,
+    progress: bool = True,
+    ray: str | None = None,
 ) -> Manifest:
     """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
 
-    ``corpus``: default, what ``settings.data_dir`` holds (a BEIR dataset or a folder of files).
-    ``on_ray``: the corpus is encoded across a Ray cluster (``settings.ray_address``); the index is
-    the same.
+    ``corpus``: default, what ``build.data_dir`` holds (a BEIR dataset or a folder of files).
+    ``ray``: encode the corpus across the Ray cluster at this address ("local": start one); the
+    index is the same.
 
     With training judgments, the learned fusion is trained on the new index before the swap. A
     reranker trained into an earlier index of the same corpus is carried over.
     """
     started = time.perf_counter()
     if corpus is None:
-        corpus = open_corpus(settings.data_dir, settings.chunk_words, settings.chunk_overlap_words, progress)
+        corpus = open_corpus(build.data_dir, build.chunk_words, build.chunk_overlap_words, progress)
     if corpus.files and not corpus.documents:
         reasons = "; ".join(f"{name}: {why}" for name, why in corpus.skipped[:5])
         raise ValueError(f"{corpus.root}: no file could be read ({reasons})")
@@ -68,29 +73,33 @@ def build_index(
         texts = [f"{c['title']} {c['content']}".strip() for _, c in units]
         _build_bm25(tmp / BM25_DIR, docs, progress)
         device = pick_device(settings.device)
-        encoder = load_encoder(settings.encoder, device)
+        encoder = load_encoder(build.encoder, device)
         if not texts:
             vectors = np.zeros((0, encoder.get_embedding_dimension()), dtype=np.float32)
-        elif on_ray:
+        elif ray is not None:
             from index_build.ray_encode import encode_on_ray
 
-            vectors = encode_on_ray(settings, texts)
+            vectors = encode_on_ray(texts, build.encoder, settings.device, settings.encode_batch_size, ray)
         else:
             bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
             vectors = encode(encoder, texts, settings.encode_batch_size, bar)
         import faiss
 
-        faiss.write_index(build_faiss(vectors, settings.dense_index, settings.hnsw_m), str(tmp / DENSE_FILE))
+        faiss.write_index(build_faiss(vectors, build.dense_index, build.hnsw_m), str(tmp / DENSE_FILE))
         _write_store(tmp / DOCS_FILE, docs)
         dataset = corpus.dataset
-        memory = _build_memory(tmp / MEMORY_DIR, dataset, settings, encoder) if dataset is not None else {}
+        memory = (
+            _build_memory(tmp / MEMORY_DIR, dataset, build.memory_split, settings, encoder)
+            if dataset is not None
+            else {}
+        )
         manifest = Manifest(
             dataset=str(corpus.root.resolve()) if corpus.files else "",
             fingerprint=corpus.fingerprint,
             documents=len(docs),
-            encoder=settings.encoder,
+            encoder=build.encoder,
             dimension=int(vectors.shape[1]),
-            dense_index=settings.dense_index,
+            dense_index=build.dense_index,
             bm25={"k1": settings.bm25_k1, "b": settings.bm25_b},
             memory=memory,
             versions=_versions(),
@@ -99,7 +108,7 @@ def build_index(
             settings={
                 "device": device,
                 "encode_batch_size": settings.encode_batch_size,
-                "hnsw_m": settings.hnsw_m,
+                "hnsw_m": build.hnsw_m,
                 "chunks": len(units),
                 **({"files": corpus.files, "skipped_files": len(corpus.skipped)} if dataset is None else {}),
             },
@@ -137,9 +146,8 @@ def _write_store(path: Path, docs: list[dict]) -> None:
     store.close()
 
 
-def _build_memory(folder: Path, dataset: Dataset, settings: Settings, encoder) -> dict:
+def _build_memory(folder: Path, dataset: Dataset, split: str | None, settings: EngineSettings, encoder) -> dict:
     """Embed the training queries that have positive judgments; skipped when there are none."""
-    split = settings.memory_split
     if split == "auto":
         split = dataset.training_split()
     if split is None:

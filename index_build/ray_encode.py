@@ -11,8 +11,6 @@ import logging
 
 import numpy as np
 
-from engine.config import Settings
-
 log = logging.getLogger(__name__)
 
 
@@ -32,18 +30,24 @@ class _Encoder:
         return {"row": np.asarray(rows, dtype=np.int64), "vector": vectors.astype(np.float32)}
 
 
-def encode_on_ray(settings: Settings, texts: list[str]) -> np.ndarray:
-    """Normalised float32 embeddings of ``texts``, computed across the cluster at ``settings.ray_address``
-    (a local one when unset): one encoder a GPU, or one a CPU where the cluster has no GPU."""
+def encode_on_ray(texts: list[str], encoder: str, device: str, batch_size: int, address: str) -> np.ndarray:
+    """Normalised float32 embeddings of ``texts`` by ``encoder``, computed across the cluster at
+    ``address`` ("local": start one): one encoder a GPU (unless ``device`` is cpu), or one a CPU
+    where the cluster has no GPU."""
     import ray
 
     if not texts:
         raise ValueError("no texts to encode")
-    ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(
+        address=None if address == "local" else address,
+        include_dashboard=False,
+        log_to_driver=False,
+        ignore_reinit_error=True,
+    )
     resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0)) if settings.device != "cpu" else 0
+    gpus = int(resources.get("GPU", 0)) if device != "cpu" else 0
     workers = gpus or max(1, int(resources.get("CPU", 1)))
-    size = settings.encode_batch_size
+    size = batch_size
     order = np.argsort([-len(text) for text in texts])
     items = [
         {"rows": order[start : start + size].tolist(), "texts": [texts[i] for i in order[start : start + size]]}
@@ -52,7 +56,7 @@ def encode_on_ray(settings: Settings, texts: list[str]) -> np.ndarray:
     log.info("encoding %d texts on Ray: %d %s workers", len(texts), workers, "GPU" if gpus else "CPU")
     encoded = ray.data.from_items(items).map_batches(
         _Encoder,
-        fn_constructor_args=(settings.encoder, "cuda" if gpus else "cpu", size),
+        fn_constructor_args=(encoder, "cuda" if gpus else "cpu", size),
         batch_size=1,
         concurrency=workers,
         num_gpus=1 if gpus else 0,

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import Settings
 from engine.fusion.calibration import Calibration
 from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
 from engine.search import HybridEngine, SearchOptions
+from engine.settings import EngineSettings
 from engine.store.index_dir import FUSION_DIR, Manifest
-from offline.dataset import Dataset, load_dataset
+from offline.dataset import Dataset
 from offline.evaluation import evaluate_run, stage_runs
 from offline.progress import track
 
@@ -99,8 +99,8 @@ def calibrate(features: np.ndarray, grades: np.ndarray, groups: list[int], seed:
 
 
 def train_fusion(
-    settings: Settings,
-    dataset: Dataset | None = None,
+    settings: EngineSettings,
+    dataset: Dataset,
     queries: int | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -108,7 +108,6 @@ def train_fusion(
     """Train on the training judgments, save ``<index_dir>/fusion`` (atomically) and return its card,
     which compares the model with RRF on dev when the corpus has dev judgments."""
     started = time.perf_counter()
-    dataset = dataset or load_dataset(settings.data_dir)
     engine = HybridEngine(settings.model_copy(update={"rerank": False, "fusion": "rrf"}))
     split = training_split(engine.manifest, dataset)
     if split is None:

@@ -30,15 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from engine.config import Settings
 from engine.rerank.cross_encoder import CARD_FILE, Reranker
 from engine.rerank.loading import load_reranker
 from engine.retrieval.encoder import pick_device, resolve_model
 from engine.search import HybridEngine, SearchOptions
+from engine.settings import EngineSettings
 from engine.store.index_dir import RERANKER_DIR
 from index_build.negatives import mine_candidates
 from index_build.schedule import warmup_linear
-from offline.dataset import Dataset, load_dataset
+from offline.dataset import Dataset
 from offline.evaluation import evaluate_run, served_stage, stage_runs
 from offline.progress import track
 
@@ -86,7 +86,7 @@ def student_options(teacher: str, steps: int = 300) -> TrainOptions:
     )
 
 
-def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = None, progress: bool = True) -> dict:
+def train(settings: EngineSettings, options: TrainOptions, dataset: Dataset, progress: bool = True) -> dict:
     """Train, keep the best dev checkpoint in ``<index_dir>/reranker`` and return its model card."""
     import torch
 
@@ -114,7 +114,6 @@ def train(settings: Settings, options: TrainOptions, dataset: Dataset | None = N
     )
     rng = random.Random(options.seed)
     torch.manual_seed(options.seed)
-    dataset = dataset or load_dataset(settings.data_dir)
     split = options.split or dataset.training_split() or "train"
     qrels = dataset.qrels(split)
     train_ids = sorted(q for q, docs in qrels.items() if any(g > 0 for g in docs.values()))

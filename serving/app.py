@@ -15,7 +15,6 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.config import Settings
 from serving import rest, telemetry
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
 from serving.asgi import route_path
@@ -25,6 +24,7 @@ from serving.protocol_routes import ProtocolDoor, hash_key, load_keys
 from serving.replies import json_http_errors
 from serving.requests import bearer
 from serving.search_service import SearchService
+from serving.settings import Settings
 from serving.tls import scheme, tls_options
 
 log = logging.getLogger(__name__)
@@ -109,23 +109,26 @@ def build_apps(
         service = SearchService(settings, writable=writable)
     apps = {}
     if service is not None:
-        apps["mcp"] = (http_app(service, mcp, stateless), settings.mcp_port)
+        apps["mcp"] = (http_app(service, mcp, stateless), settings.serving.mcp_port)
     if a2a:
-        url = settings.public_url or f"{scheme(settings)}://{_display_host(settings.host)}:{settings.a2a_port}/"
+        url = (
+            settings.serving.public_url
+            or f"{scheme(settings)}://{_display_host(settings.serving.host)}:{settings.serving.a2a_port}/"
+        )
         search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
         apps["a2a"] = (
             build_a2a_app(
                 search,
                 url,
-                settings.max_query_chars,
-                settings.query_timeout_s,
+                settings.serving.max_query_chars,
+                settings.serving.query_timeout_s,
                 service.solve if service else None,
-                settings.max_body_bytes,
+                settings.serving.max_body_bytes,
             ),
-            settings.a2a_port,
+            settings.serving.a2a_port,
         )
-    if settings.key_all_doors:
-        hashes = set(load_keys(settings.agent_keys, settings.agent_rate))
+    if settings.security.key_all_doors:
+        hashes = set(load_keys(settings.security.agent_keys, settings.security.agent_rate))
         if not hashes:
             raise ValueError("--key-all-doors needs --agent-keys with at least one key")
         apps = {door: (KeyGate(app, hashes), port) for door, (app, port) in apps.items()}
@@ -137,17 +140,17 @@ def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) 
     settings = service.settings
     door = ProtocolDoor(
         service.router,
-        load_keys(settings.agent_keys, settings.agent_rate),
-        settings.agent_rate,
-        settings.max_message_bytes,
-        settings.max_body_bytes,
+        load_keys(settings.security.agent_keys, settings.security.agent_rate),
+        settings.security.agent_rate,
+        settings.serving.max_message_bytes,
+        settings.serving.max_body_bytes,
         service.admission,
     )
     routes, lifespan = rest.routes(service, door), None
     if mcp:
         resumable = {} if stateless else {"event_store": RecentEvents(), "retry_interval": RETRY_MS}
         mcp_app = build_mcp_server(service).streamable_http_app(
-            host=settings.host, stateless_http=stateless, **resumable
+            host=settings.serving.host, stateless_http=stateless, **resumable
         )
         routes, lifespan = routes + mcp_app.routes, mcp_app.router.lifespan_context
     return json_http_errors(Starlette(routes=routes, lifespan=lifespan))
@@ -167,13 +170,13 @@ def run_servers(
     servers = [
         _Server(
             uvicorn.Config(
-                RequestLog(app, door), host=settings.host, port=port, log_config=None, access_log=False, **tls
+                RequestLog(app, door), host=settings.serving.host, port=port, log_config=None, access_log=False, **tls
             )
         )
         for door, (app, port) in apps.items()
     ]
     for door, (_, port) in apps.items():
-        log.info("%s listening on %s://%s:%d", door, scheme(settings), _display_host(settings.host), port)
+        log.info("%s listening on %s://%s:%d", door, scheme(settings), _display_host(settings.serving.host), port)
     try:
         asyncio.run(_serve_all(servers))
     finally:

@@ -86,7 +86,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     async def search(**arguments) -> ChunkResponse:
         return to_chunks(await searched(arguments))
 
-    if service.settings.mcp_writes:
+    if service.settings.serving.mcp_writes:
 
         @server.tool(name="add_document", description="Add a document with its chunks, or replace it whole.")
         @takes(DocumentIn, "document_id", "document_name", "chunks", "metadata")

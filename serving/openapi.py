@@ -13,10 +13,10 @@ from pydantic import BaseModel
 from agents.messages import Message
 from agents.solver import SolverRequest
 from agents.system import RagRequest
-from engine.config import Settings
 from engine.documents import DocumentIn, SearchRequest
 from serving.replies import ChunkResponse, SearchResponse
 from serving.search_service import REFRESH
+from serving.settings import Settings
 
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 OBJECT = {"type": "object"}
@@ -176,7 +176,7 @@ def openapi_document(settings: Settings, search_request: type[SearchRequest], ke
     }
     bearer = [{"agentKey": []}]
     for path, operations in paths.items():
-        keyed = settings.key_all_doors and not path.startswith(("/health", "/metrics", "/v1/"))
+        keyed = settings.security.key_all_doors and not path.startswith(("/health", "/metrics", "/v1/"))
         keyed |= keyed_protocol and path in ("/v1/messages", "/v1/rag")
         for op in operations.values():
             if keyed:

@@ -32,7 +32,6 @@ from ray import serve
 from ray.exceptions import RayError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
-from engine.config import Settings
 from engine.documents import DocumentIn
 from engine.rerank.batching import score_together
 from engine.rerank.loading import open_reranker
@@ -42,6 +41,7 @@ from serving.admission import Overloaded
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
 from serving.search_service import SearchService
+from serving.settings import Settings
 
 log = logging.getLogger(__name__)
 APP_NAME = "hybrid-search"
@@ -53,13 +53,13 @@ class RerankerReplica:
     """The index's reranker as a deployment; concurrent queries share one forward pass."""
 
     def __init__(self, settings: Settings, device: str) -> None:
-        self.reranker = open_reranker(settings, device)
+        self.reranker = open_reranker(settings.engine, device)
         if self.reranker is None:
-            raise RuntimeError(f"no reranker could be loaded from {settings.reranker_path}")
-        wait_ms = settings.ray_batch_wait_ms
+            raise RuntimeError(f"no reranker could be loaded from {settings.engine.reranker_path}")
+        wait_ms = settings.scale_out.ray_batch_wait_ms
         if wait_ms is None:  # waiting pays only where a bigger batch costs little more (a GPU)
-            wait_ms = settings.rerank_batch_wait_ms if device == "cuda" else 0.0
-        self.score.set_max_batch_size(settings.ray_batch_size)
+            wait_ms = settings.engine.rerank_batch_wait_ms if device == "cuda" else 0.0
+        self.score.set_max_batch_size(settings.scale_out.ray_batch_size)
         self.score.set_batch_wait_timeout_s(wait_ms / 1000)
 
     def describe(self) -> dict:
@@ -78,7 +78,9 @@ class WriterReplica:
     applied some, which is what the search replicas follow (:mod:`engine.store.follower`)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.engine = HybridEngine(settings.model_copy(update={"rerank": False, "checkpoint_bytes": 0}), writable=True)
+        self.engine = HybridEngine(
+            settings.engine.model_copy(update={"rerank": False, "checkpoint_bytes": 0}), writable=True
+        )
 
     def upsert(self, document: dict, wait: bool) -> dict:
         return self.engine.live.upsert(DocumentIn.model_validate(document), wait)
@@ -160,12 +162,12 @@ class SearchReplica:
 
     @staticmethod
     def _service(settings: Settings, reranker: DeploymentHandle | None, writer: DeploymentHandle | None):
-        timeout = settings.query_timeout_s
+        timeout = settings.serving.query_timeout_s
         remote = None
         if reranker is not None:
             remote = RemoteReranker(reranker, reranker.describe.remote().result(timeout_s=timeout), timeout)
         follow = RemoteWriter(writer, timeout) if writer is not None else None
-        return SearchService(settings, HybridEngine(settings, reranker=remote, follow=follow))
+        return SearchService(settings, HybridEngine(settings.engine, reranker=remote, follow=follow))
 
     def __serve_build_asgi_app__(self):
         _, apps = build_apps(self.settings, service=self.service)
@@ -190,47 +192,52 @@ def _deployment_options(bounds: tuple[int, int], cpus: float, gpus: float = 0.0)
 def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
     """The Serve application: search replicas, a reranker deployment when the index has a reranker
     (on ``gpus`` GPUs a replica), and the one writer unless read-only."""
-    search_settings = settings.model_copy(update={"device": "cpu"})
-    has_reranker = settings.rerank and (settings.reranker is not None or Path(settings.reranker_path).is_dir())
+    search_settings = settings.with_values(device="cpu")
+    has_reranker = settings.engine.rerank and (
+        settings.engine.reranker is not None or Path(settings.engine.reranker_path).is_dir()
+    )
     reranker = None
     if has_reranker:
         device = "cuda" if gpus else "cpu"
-        options = _deployment_options(settings.ray_reranker_replicas, settings.ray_replica_cpus, gpus)
+        options = _deployment_options(
+            settings.scale_out.ray_reranker_replicas, settings.scale_out.ray_replica_cpus, gpus
+        )
         reranker = RerankerReplica.options(**options).bind(settings, device)
     writer = WriterReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings) if writable else None
-    options = _deployment_options(settings.ray_search_replicas, settings.ray_replica_cpus)
+    options = _deployment_options(settings.scale_out.ray_search_replicas, settings.scale_out.ray_replica_cpus)
     return SearchReplica.options(**options).bind(search_settings, reranker, writer)
 
 
 def _check_fits(settings: Settings, resources: dict, gpus: float, local: bool) -> None:
     """Refuse, before deploying, what the cluster cannot place (Serve would wait for it forever):
     on a local cluster the CPUs; on any cluster the GPUs the reranker replicas ask for."""
-    cpus = settings.ray_replica_cpus * (settings.ray_search_replicas[0] + settings.ray_reranker_replicas[0])
+    ray = settings.scale_out
+    cpus = ray.ray_replica_cpus * (ray.ray_search_replicas[0] + ray.ray_reranker_replicas[0])
     if local and cpus > resources.get("CPU", 0):
         raise RuntimeError(
-            f"{settings.ray_search_replicas[0]} search + {settings.ray_reranker_replicas[0]} reranker replicas of"
-            f" {settings.ray_replica_cpus:g} CPUs need {cpus:g} CPUs; this machine's Ray cluster has"
+            f"{ray.ray_search_replicas[0]} search + {ray.ray_reranker_replicas[0]} reranker replicas of"
+            f" {ray.ray_replica_cpus:g} CPUs need {cpus:g} CPUs; this machine's Ray cluster has"
             f" {resources.get('CPU', 0):g}: lower --replica-cpus or the replicas, or join a cluster (--address)"
         )
-    if gpus and gpus * settings.ray_reranker_replicas[0] > resources.get("GPU", 0):
+    if gpus and gpus * ray.ray_reranker_replicas[0] > resources.get("GPU", 0):
         raise RuntimeError(
-            f"{settings.ray_reranker_replicas[0]} reranker replicas want a GPU each; the cluster has"
+            f"{ray.ray_reranker_replicas[0]} reranker replicas want a GPU each; the cluster has"
             f" {resources.get('GPU', 0):g}: lower --reranker-replicas"
         )
 
 
 def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event | None = None) -> None:
     """Start (or join) a Ray cluster, deploy, and serve until Ctrl-C, SIGTERM or ``stop``."""
-    read_manifest(settings.index_dir)  # a missing index fails here, not in every replica
-    ray.init(address=settings.ray_address, include_dashboard=False, log_to_driver=False)
+    read_manifest(settings.engine.index_dir)  # a missing index fails here, not in every replica
+    ray.init(address=settings.scale_out.ray_address, include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.mcp_port})
+        serve.start(http_options={"host": settings.serving.host, "port": settings.serving.mcp_port})
         resources = ray.cluster_resources()
-        gpus = 1.0 if settings.device != "cpu" and resources.get("GPU", 0) >= 1 else 0.0
-        _check_fits(settings, resources, gpus, local=settings.ray_address is None)
-        host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-        url = f"http://{host}:{settings.mcp_port}"
-        settings = settings.model_copy(update={"public_url": settings.public_url or f"{url}{A2A_PREFIX}/"})
+        gpus = 1.0 if settings.engine.device != "cpu" and resources.get("GPU", 0) >= 1 else 0.0
+        _check_fits(settings, resources, gpus, local=settings.scale_out.ray_address is None)
+        host = "127.0.0.1" if settings.serving.host in ("0.0.0.0", "::", "") else settings.serving.host
+        url = f"http://{host}:{settings.serving.mcp_port}"
+        settings = settings.with_values(public_url=settings.serving.public_url or f"{url}{A2A_PREFIX}/")
         serve.run(application(settings, gpus, writable), name=APP_NAME, route_prefix="/")
         log.info(
             "on Ray: MCP + REST at %s/, the A2A agent at %s%s/ (reranker on %s)",

@@ -61,7 +61,7 @@ def rest(handler: Handler) -> Handler:
 def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     """Every REST route of a server around ``service``; ``door`` serves the agent protocol."""
     settings = service.settings
-    limit = settings.max_body_bytes
+    limit = settings.serving.max_body_bytes
     spec = openapi_document(settings, service.search_request, keyed_protocol=bool(door.keys))
 
     def search(respond) -> Handler:

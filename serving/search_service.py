@@ -14,13 +14,13 @@ from agents.policy import PolicyError
 from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
 from agents.traces import TraceStore
-from engine.config import Settings
 from engine.documents import DocumentIn, SearchRequest
 from engine.health import FailureCount
 from engine.search import Hit, HybridEngine
 from engine.store.live import DocumentNotFound
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated
+from serving.settings import Settings
 from serving.telemetry import traced_search
 
 log = logging.getLogger(__name__)
@@ -40,18 +40,20 @@ class SearchService:
 
     def __init__(self, settings: Settings, engine: HybridEngine | None = None, writable: bool = False) -> None:
         self.settings = settings
-        self.search_request = SearchRequest.limited(settings.max_query_chars)  # what a search may ask here
+        self.search_request = SearchRequest.limited(settings.serving.max_query_chars)  # what a search may ask here
         started = time.perf_counter()
         self._owns_engine = engine is None
-        self.engine = engine or HybridEngine(settings, writable=writable)
-        traces = TraceStore(settings.trace_db, settings.trace_max_age_days, settings.trace_max_messages)
-        self.responder = responder = build_responder(self.engine, settings.query_timeout_s)
-        self.router = build_router(self.engine, traces, responder, settings.query_timeout_s)
-        self.solver = Solver(self.engine, responder)
+        self.engine = engine or HybridEngine(settings.engine, writable=writable)
+        traces = TraceStore(
+            settings.agents.trace_db, settings.agents.trace_max_age_days, settings.agents.trace_max_messages
+        )
+        self.responder = responder = build_responder(self.engine, settings.agents, settings.serving.query_timeout_s)
+        self.router = build_router(self.engine, traces, responder, settings.serving.query_timeout_s)
+        self.solver = Solver(self.engine, responder, settings.serving.max_query_chars)
         self.load_seconds = time.perf_counter() - started
         # one thread for each request admission lets in: fewer, and admitted requests would queue
         # where admission cannot see them, spending their query timeout
-        self._pool = ThreadPoolExecutor(max_workers=settings.max_in_flight, thread_name_prefix="search")
+        self._pool = ThreadPoolExecutor(max_workers=settings.serving.max_in_flight, thread_name_prefix="search")
         self.registry = CollectorRegistry()
         self.requests = Counter("search_requests", "Searches by front door", ["door"], registry=self.registry)
         self.errors = Counter("search_errors", "Failed searches by kind", ["door", "kind"], registry=self.registry)
@@ -65,7 +67,7 @@ class SearchService:
         self.registry.register(_AgentMetrics(self.router))
         self.registry.register(_FallbackMetrics(self))
         self.registry.register(_RerankCacheMetrics(self.engine))
-        self.admission = Admission(settings.max_in_flight, settings.max_queue_s, self.registry)
+        self.admission = Admission(settings.serving.max_in_flight, settings.serving.max_queue_s, self.registry)
 
     @traced_search
     async def search(self, request: SearchRequest, door: str) -> list[Hit]:
@@ -76,13 +78,13 @@ class SearchService:
             async with self.admission.slot(door):
                 run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
                 future = loop.run_in_executor(self._pool, run, self._timed_search, request)
-                return await asyncio.wait_for(future, timeout=self.settings.query_timeout_s)
+                return await asyncio.wait_for(future, timeout=self.settings.serving.query_timeout_s)
         except Overloaded:
             self.errors.labels(door, "overloaded").inc()
             raise
         except TimeoutError:
             self.errors.labels(door, "timeout").inc()
-            raise QueryTimeout(f"query took longer than {self.settings.query_timeout_s:g} s") from None
+            raise QueryTimeout(f"query took longer than {self.settings.serving.query_timeout_s:g} s") from None
         except Exception:
             self.errors.labels(door, "internal").inc()
             raise
@@ -146,7 +148,7 @@ class SearchService:
             "status": "degraded" if failing or stuck else "ok",
             **fallbacks,
             "index_loaded": True,
-            "index_dir": str(self.settings.index_dir),
+            "index_dir": str(self.settings.engine.index_dir),
             "documents": engine.store.count(),
             "writable": engine.live is not None,
             **({"live": engine.live.status()} if engine.live is not None else {}),

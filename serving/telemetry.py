@@ -34,9 +34,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agents.traces import Masker
-from engine.config import Settings
 from engine.telemetry import DOOR, tracer
 from serving.asgi import route_path
+from serving.settings import Settings
 
 log = logging.getLogger(__name__)
 EXPORT_TIMEOUT_S = 3.0  # one export (retries included); OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT overrides
@@ -52,16 +52,18 @@ _install_lock = threading.Lock()
 
 
 def install(settings: Settings) -> None:
-    """The SDK tracer provider, once per process, exporting to ``settings.otlp_endpoint`` when set.
+    """The SDK tracer provider, once per process, exporting to ``settings.telemetry.otlp_endpoint`` when set.
     ``OTEL_SDK_DISABLED=true`` leaves tracing off: no spans, no ids (the benchmark's baseline)."""
     with _install_lock:
         if _provider or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             return
         service = os.environ.get("OTEL_SERVICE_NAME") or "hybrid-search"
         provider = TracerProvider(resource=Resource.create({"service.name": service}))
-        if settings.otlp_endpoint:
-            provider.add_span_processor(BatchSpanProcessor(MaskingExporter(_otlp(settings.otlp_endpoint), Masker())))
-            log.info("exporting spans to %s", traces_url(settings.otlp_endpoint))
+        if settings.telemetry.otlp_endpoint:
+            provider.add_span_processor(
+                BatchSpanProcessor(MaskingExporter(_otlp(settings.telemetry.otlp_endpoint), Masker()))
+            )
+            log.info("exporting spans to %s", traces_url(settings.telemetry.otlp_endpoint))
         trace.set_tracer_provider(provider)
         _provider.append(provider)
 
@@ -220,7 +222,7 @@ def traced_search(search):
     @functools.wraps(search)
     async def traced(service, request, door: str):
         attributes = {"door": door, "search.top_k": request.top_k, "search.query_chars": len(request.query)}
-        if service.settings.otlp_query_text:
+        if service.settings.telemetry.otlp_query_text:
             attributes["search.query"] = request.query
         attributes["search.filtered"] = request.filters is not None
         with tracer.start_as_current_span("search", attributes=attributes) as span:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from engine.config import Settings
+from serving.settings import Settings
 
 
 class TlsError(ValueError):
@@ -19,7 +19,7 @@ class TlsError(ValueError):
 
 def tls_options(settings: Settings) -> dict:
     """uvicorn.Config keyword arguments for ``settings``' TLS files ({} when TLS is off)."""
-    cert, key, client_ca = settings.tls_cert, settings.tls_key, settings.tls_client_ca
+    cert, key, client_ca = settings.security.tls_cert, settings.security.tls_key, settings.security.tls_client_ca
     if cert is None and key is None:
         if client_ca is not None:
             raise TlsError("--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in TLS")
@@ -47,7 +47,7 @@ def tls_options(settings: Settings) -> dict:
 
 
 def scheme(settings: Settings) -> str:
-    return "https" if settings.tls_cert is not None else "http"
+    return "https" if settings.security.tls_cert is not None else "http"
 
 
 def _reason(exc: Exception) -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
 from tests.helpers import write_beir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,11 +23,10 @@ def beir_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def index_dir(beir_dir, tmp_path_factory) -> Path:
-    from engine.config import Settings
     from index_build.builder import build_index
 
     target = tmp_path_factory.mktemp("indexes") / "tiny"
-    build_index(Settings(data_dir=beir_dir, index_dir=target, device="cpu"), progress=False)
+    build_index(EngineSettings(index_dir=target, device="cpu"), BuildSettings(data_dir=beir_dir), progress=False)
     return target
 
 
@@ -50,10 +51,9 @@ def reranker_dir(tmp_path_factory, minilm_path) -> str:
 
 @pytest.fixture(scope="session")
 def engine(index_dir):
-    from engine.config import Settings
     from engine.search import HybridEngine
 
-    return HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False))
+    return HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False))
 
 
 @pytest.fixture(scope="module")

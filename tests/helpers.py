@@ -55,12 +55,12 @@ def short_training(index_dir: Path, beir_dir: Path, tmp_path: Path, **options):
     short run (4 queries of 4 documents a step, from each query's top 12), ``options`` on top."""
     import shutil
 
-    from engine.config import Settings
+    from engine.settings import EngineSettings
     from index_build.train_reranker import TrainOptions
 
     work = tmp_path / "idx"
     shutil.copytree(index_dir, work)
-    settings = Settings(data_dir=beir_dir, index_dir=work, device="cpu", max_length=64, rerank_depth=8)
+    settings = EngineSettings(index_dir=work, device="cpu", max_length=64, rerank_depth=8)
     return settings, TrainOptions(**{"batch_queries": 4, "group_size": 4, "mine_depth": 12, **options})
 
 

@@ -3,7 +3,9 @@ import os
 
 import pytest
 
-from serving.cli import build_parser, main
+from cli.main import build_parser, main
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
 
 
 def test_help_teaches_every_command(capsys):
@@ -80,8 +82,7 @@ def test_bad_input_is_a_clear_cli_error(argv, message, capsys, index_dir, beir_d
 
 
 def test_settings_layering(tmp_path, monkeypatch, index_dir):
-    from engine.config import Settings
-    from serving.cli import settings_from
+    from cli.flags import settings_from
 
     toml = tmp_path / "hs.toml"
     toml.write_text("rrf_k = 10.0\nrerank_depth = 7\n")
@@ -89,15 +90,15 @@ def test_settings_layering(tmp_path, monkeypatch, index_dir):
     monkeypatch.setenv("HYBRID_SEARCH_RERANK_DEPTH", "9")
     args = build_parser().parse_args(["search", "q", "--bm25-depth", "33"])
     s = settings_from(args)
-    assert (s.rrf_k, s.rerank_depth, s.bm25_depth) == (10.0, 9, 33)
-    assert Settings().dense_index == "flat"
+    assert (s.engine.rrf_k, s.engine.rerank_depth, s.engine.bm25_depth) == (10.0, 9, 33)
+    assert BuildSettings().dense_index == "flat"
     # --config names the file for this command only: nothing is left in the environment
     monkeypatch.delenv("HYBRID_SEARCH_CONFIG")
     other = tmp_path / "other.toml"
     other.write_text("rrf_k = 25.0\n")
     s = settings_from(build_parser().parse_args(["--config", str(other), "search", "q"]))
-    assert (s.rrf_k, s.rerank_depth) == (25.0, 9)
-    assert "HYBRID_SEARCH_CONFIG" not in os.environ and Settings().rrf_k != 25.0
+    assert (s.engine.rrf_k, s.engine.rerank_depth) == (25.0, 9)
+    assert "HYBRID_SEARCH_CONFIG" not in os.environ and EngineSettings().rrf_k != 25.0
 
 
 def test_bench_engine_reports_stages_and_the_depth_each_budget_allows(index_dir, beir_dir, reranker_dir, tmp_path):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import Settings
 from engine.rerank.cross_encoder import Reranker, RerankerError
 from engine.rerank.int8 import PLAIN, SMOOTHED, recipe
 from engine.rerank.pair_cache import PairCache
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
 from offline.dataset import load_dataset
 from tests.helpers import short_training
@@ -64,7 +64,7 @@ def test_distilled_student_has_fewer_layers_and_follows_its_teacher(index_dir, b
             eval_every=12,
             memory_context=0,
         )
-        card = train(settings, options, progress=False)
+        card = train(settings, options, load_dataset(beir_dir), progress=False)
         students[weight] = (settings, card)
     settings, card = students[1.0]
     engine = HybridEngine(settings.model_copy(update={"rerank": False}))
@@ -98,10 +98,15 @@ def test_a_student_keeps_the_first_and_last_layers(reranker_dir):
 
 
 def test_distilling_into_the_teachers_own_folder_is_refused(index_dir, beir_dir):
-    settings = Settings(data_dir=beir_dir, index_dir=index_dir, device="cpu")
+    settings = EngineSettings(index_dir=index_dir, device="cpu")
     teacher = str(index_dir / "reranker")
     with pytest.raises(ValueError, match="the folder the student would replace"):
-        train(settings, TrainOptions(base=teacher, distil_from=teacher, max_steps=1), progress=False)
+        train(
+            settings,
+            TrainOptions(base=teacher, distil_from=teacher, max_steps=1),
+            load_dataset(beir_dir),
+            progress=False,
+        )
 
 
 def test_int8_scores_stay_near_fp32(reranker_dir, engine, tmp_path):
@@ -144,7 +149,7 @@ def test_pair_cache_scores_each_pair_once_within_its_lifetime():
 
 
 def test_engine_reuses_cached_scores_for_a_repeated_question(index_dir, reranker_dir):
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6))
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6))
     cache = engine.reranker.cache
     first = engine.search("caffeine liver", 3)
     misses = cache.misses
@@ -152,7 +157,7 @@ def test_engine_reuses_cached_scores_for_a_repeated_question(index_dir, reranker
     second = engine.search("caffeine liver", 3)
     assert cache.misses == misses and cache.hits == misses
     assert [(h.doc_id, h.rerank_score) for h in first] == [(h.doc_id, h.rerank_score) for h in second]
-    plain = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_cache_size=0))
+    plain = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_cache_size=0))
     assert plain.reranker.cache is None
 
 
@@ -166,7 +171,7 @@ def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranke
 
 @pytest.mark.slow
 def test_build_can_distil_the_cpu_student(beir_dir, teacher_dir, tmp_path, capsys):
-    from serving.cli import main
+    from cli.main import main
 
     target = tmp_path / "idx"
     args = ["build", "--data", str(beir_dir), "--index-dir", str(target), "--device", "cpu"]
@@ -176,10 +181,12 @@ def test_build_can_distil_the_cpu_student(beir_dir, teacher_dir, tmp_path, capsy
     assert card["teacher"]["path"] == teacher_dir and card["teacher"]["layers"] == 6
     assert "student reranker" in capsys.readouterr().out
     assert card["cpu_quantize"] == "int8" and card["eval_rerank"]["quantize"] == "auto"
-    engine = HybridEngine(Settings(index_dir=target, device="cpu"))
+    engine = HybridEngine(EngineSettings(index_dir=target, device="cpu"))
     assert engine.reranker.model.transformers_model.config.num_hidden_layers == 3
     assert engine.reranker.runtime == "onnx-int8"  # a CPU student is served in int8 by default
-    assert HybridEngine(Settings(index_dir=target, device="cpu", rerank_quantize="none")).reranker.runtime == "onnx"
+    assert (
+        HybridEngine(EngineSettings(index_dir=target, device="cpu", rerank_quantize="none")).reranker.runtime == "onnx"
+    )
 
 
 def test_the_engine_runs_numpy_blas_on_one_thread(index_dir):
@@ -187,7 +194,7 @@ def test_the_engine_runs_numpy_blas_on_one_thread(index_dir):
     from threadpoolctl import threadpool_info, threadpool_limits
 
     threadpool_limits(2, user_api="blas")
-    HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False)).close()
+    HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False)).close()
     assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
 
 
@@ -224,7 +231,7 @@ def test_pairs_tokenize_as_the_hugging_face_tokenizer_reading_less(reranker_dir)
 
 
 def test_a_question_longer_than_the_window_is_still_reranked(index_dir, reranker_dir):
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, max_length=32))
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=reranker_dir, max_length=32))
     question = " ".join(["does drinking coffee every day change liver enzyme levels"] * 20)
     result = engine.stages(question, top_k=3)
     assert result.reranked is not None and len(result.rerank_scores) == engine.rerank_depth
@@ -273,7 +280,7 @@ def test_the_engine_smooths_its_int8_reranker_on_the_index_text(index_dir, reran
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)
     Reranker(str(folder), "cpu", max_length=64, quantize="int8")  # made plain first, without text
-    settings = Settings(index_dir=index_dir, device="cpu", reranker=str(folder), max_length=64)
+    settings = EngineSettings(index_dir=index_dir, device="cpu", reranker=str(folder), max_length=64)
     int8 = HybridEngine(settings.model_copy(update={"rerank_quantize": "int8"}))
     assert int8.reranker.runtime == "onnx-int8" and recipe(int8.reranker.onnx.path) == SMOOTHED  # made again
     fp32 = HybridEngine(settings)

@@ -4,9 +4,9 @@ import sqlite3
 
 import pytest
 
-from engine.config import Settings
 from engine.rerank.cross_encoder import Reranker, RerankerError
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from engine.store.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
 
 
@@ -78,7 +78,9 @@ def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
 
 
 def test_reranker_order_is_respected(index_dir, reranker_dir):
-    settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=1.0)
+    settings = EngineSettings(
+        index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=1.0
+    )
     engine = HybridEngine(settings)
     result = engine.stages("coffee and liver enzymes", top_k=6)
     head = [d for d, _ in result.fused[:6]]
@@ -96,7 +98,9 @@ def test_evaluation_reranks_every_stage_head(index_dir, reranker_dir, beir_dir):
     from offline.dataset import load_dataset
     from offline.evaluation import stage_runs
 
-    settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=4, rerank_blend=1.0)
+    settings = EngineSettings(
+        index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=4, rerank_blend=1.0
+    )
     engine = HybridEngine(settings)
     queries = load_dataset(beir_dir).split_queries("dev")
     runs = stage_runs(engine, queries, depth=10, progress=False)
@@ -123,7 +127,9 @@ def test_onnx_runtime_scores_like_torch(reranker_dir, engine):
 
 
 def test_blended_reranking_keeps_rerank_scores_apart(index_dir, reranker_dir):
-    settings = Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=0.5)
+    settings = EngineSettings(
+        index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=0.5
+    )
     engine = HybridEngine(settings)
     result = engine.stages("coffee and liver enzymes", top_k=6)
     head = [d for d, _ in result.fused[:6]]
@@ -142,7 +148,7 @@ def test_broken_reranker_folder_is_a_clear_error(index_dir, tmp_path):
     with pytest.raises(RerankerError, match="not a model folder"):
         Reranker(str(tmp_path / "junk"), "cpu")
     with pytest.raises(RerankerError, match="not a model folder"):
-        HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=str(tmp_path / "junk")))
+        HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=str(tmp_path / "junk")))
 
 
 def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
@@ -152,22 +158,22 @@ def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
     shutil.copytree(index_dir, broken)
     (broken / "dense.faiss").unlink()
     with pytest.raises(IndexDirError, match="dense.faiss is missing"):
-        HybridEngine(Settings(index_dir=broken, device="cpu"))
+        HybridEngine(EngineSettings(index_dir=broken, device="cpu"))
     (broken / MANIFEST_FILE).unlink()
     with pytest.raises(IndexDirError, match="build did not finish"):
-        HybridEngine(Settings(index_dir=broken, device="cpu"))
+        HybridEngine(EngineSettings(index_dir=broken, device="cpu"))
     odd = tmp_path / "odd"
     shutil.copytree(index_dir, odd)
     with sqlite3.connect(odd / "docs.sqlite") as conn:
         conn.execute("DELETE FROM chunks WHERE unit_id = 'D-soy-0'")
     with pytest.raises(IndexDirError, match="32 vectors for 31 documents in the store"):
-        HybridEngine(Settings(index_dir=odd, device="cpu"))
+        HybridEngine(EngineSettings(index_dir=odd, device="cpu"))
     old = tmp_path / "old"
     shutil.copytree(index_dir, old)
     manifest = json.loads((old / MANIFEST_FILE).read_text())
     (old / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 1}))
     with pytest.raises(IndexDirError, match="format 1, this version reads 2"):
-        HybridEngine(Settings(index_dir=old, device="cpu"))
+        HybridEngine(EngineSettings(index_dir=old, device="cpu"))
 
 
 def test_memory_names_the_training_queries_that_cited_a_document_nearest_first(tmp_path):
@@ -195,7 +201,7 @@ def test_memory_aware_reranker_reads_the_memory_context(index_dir, reranker_dir,
 
     shutil.copytree(reranker_dir, tmp_path / "aware")
     (tmp_path / "aware" / CARD_FILE).write_text(json.dumps({"memory_context": 3}))
-    settings = Settings(index_dir=index_dir, device="cpu", reranker=str(tmp_path / "aware"), rerank_depth=4)
+    settings = EngineSettings(index_dir=index_dir, device="cpu", reranker=str(tmp_path / "aware"), rerank_depth=4)
     engine = HybridEngine(settings)
     assert engine.reranker.memory_context == 3
     query = "soy isoflavones and prostate"

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import Settings
 from engine.documents import Filters
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from index_build.builder import build_index
 from index_build.corpus import read_folder
+from index_build.settings import BuildSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "serving.cli"]
+CLI = [sys.executable, "-m", "cli.main"]
 
 
 def write_pdf(path: Path, pages: list[str], created: datetime | None = None) -> None:
@@ -84,7 +85,7 @@ def folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def files_index(folder, tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("idx") / "files"
-    build_index(Settings(data_dir=folder, index_dir=target, device="cpu"), progress=False)
+    build_index(EngineSettings(index_dir=target, device="cpu"), BuildSettings(data_dir=folder), progress=False)
     return target
 
 
@@ -113,7 +114,7 @@ def test_a_folder_reads_every_format_and_names_what_it_skipped(folder):
 
 
 def test_search_finds_the_file_and_page_and_filters_by_type_and_date(files_index):
-    engine = HybridEngine(Settings(index_dir=files_index, device="cpu"))
+    engine = HybridEngine(EngineSettings(index_dir=files_index, device="cpu"))
     top = engine.search("do vitamin D supplements prevent falls in the elderly?", 3)
     assert top[0].document_id == "report.pdf" and top[0].metadata["page"] == 2
     recent = Filters(date_range=("2022-01-01", None))
@@ -127,13 +128,13 @@ def test_search_finds_the_file_and_page_and_filters_by_type_and_date(files_index
 
 
 def test_without_judgments_rrf_serves_and_similarity_falls_down_the_list(files_index, reranker_dir):
-    engine = HybridEngine(Settings(index_dir=files_index, device="cpu"))
+    engine = HybridEngine(EngineSettings(index_dir=files_index, device="cpu"))
     described = engine.describe()
     assert described["stages"] == ["bm25", "dense", "fusion"] and described["fusion"] == "rrf"
     assert "not a probability" in described["similarity_score"]
     scores = [h.similarity_score for h in engine.search("rice cereal for children", 6)]
     assert all(0 <= s <= 1 for s in scores) and scores == sorted(scores, reverse=True)
-    reranked = HybridEngine(Settings(index_dir=files_index, device="cpu", reranker=reranker_dir))
+    reranked = HybridEngine(EngineSettings(index_dir=files_index, device="cpu", reranker=reranker_dir))
     assert reranked.describe()["stages"][-1] == "rerank"
     assert len(reranked.search("statins and cholesterol", 3)) == 3
 
@@ -157,7 +158,11 @@ def test_a_folder_of_unreadable_files_builds_nothing(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.pdf").write_bytes(b"not a pdf")
     with pytest.raises(ValueError, match="no file could be read"):
-        build_index(Settings(data_dir=tmp_path / "data", index_dir=tmp_path / "idx", device="cpu"), progress=False)
+        build_index(
+            EngineSettings(index_dir=tmp_path / "idx", device="cpu"),
+            BuildSettings(data_dir=tmp_path / "data"),
+            progress=False,
+        )
     assert not (tmp_path / "idx").exists()
 
 
@@ -226,9 +231,9 @@ def test_judgments_can_come_later_for_an_index_built_from_files(files_index, tmp
         "guides/rice.html#c2",
     }  # a document: its chunks
     assert set(dataset.qrels("train")["q0-0"]) == {"report.pdf#c2"}
-    card = train_fusion(Settings(index_dir=index, device="cpu"), dataset, progress=False)
+    card = train_fusion(EngineSettings(index_dir=index, device="cpu"), dataset, progress=False)
     assert card["train_queries"] == len(queries)
-    assert HybridEngine(Settings(index_dir=index, device="cpu")).describe()["fusion"].startswith("learned")
+    assert HybridEngine(EngineSettings(index_dir=index, device="cpu")).describe()["fusion"].startswith("learned")
 
     (judged / "qrels" / "train.tsv").write_text("q0-0\tnot-in-the-index.pdf\t1\n")
     with pytest.raises(DatasetError, match="unknown document id 'not-in-the-index.pdf'"):

@@ -18,20 +18,20 @@ def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
 
 
 def test_engine_auto_picks_cuda(index_dir, reranker_dir):
-    from engine.config import Settings
     from engine.search import HybridEngine
+    from engine.settings import EngineSettings
 
-    engine = HybridEngine(Settings(index_dir=index_dir, reranker=reranker_dir))
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, reranker=reranker_dir))
     assert engine.device == "cuda" and engine.reranker.device == "cuda"
     assert len(engine.search("soy and prostate", 5)) == 5
 
 
 def test_dense_search_runs_on_the_gpu_and_finds_what_the_cpu_finds(index_dir):
-    from engine.config import Settings
     from engine.search import HybridEngine
+    from engine.settings import EngineSettings
 
-    gpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cuda"))
-    cpu = HybridEngine(Settings(index_dir=index_dir, rerank=False, device="cpu"))
+    gpu = HybridEngine(EngineSettings(index_dir=index_dir, rerank=False, device="cuda"))
+    cpu = HybridEngine(EngineSettings(index_dir=index_dir, rerank=False, device="cpu"))
     assert gpu.dense.backend in ("faiss-gpu", "torch-cuda")
     query = "caffeine and the liver"
     top = [[d for d, _ in e.dense.search(e.dense.encode_query(query), 5)] for e in (gpu, cpu)]

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from engine.config import Settings
 from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, FusionModelError
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from engine.store.index_dir import FUSION_DIR
 from offline.dataset import load_dataset
 from offline.evaluation import evaluate_run
@@ -19,7 +19,7 @@ from offline.evaluation import evaluate_run
 def test_build_trains_a_fusion_with_a_card(index_dir):
     card = json.loads((index_dir / FUSION_DIR / CARD_FILE).read_text())
     assert card["train_split"] == "train" and card["train_queries"] == 8
-    assert card["features"] == list(FEATURES) and card["first_stage"]["rrf_k"] == Settings().rrf_k
+    assert card["features"] == list(FEATURES) and card["first_stage"]["rrf_k"] == EngineSettings().rrf_k
     assert card["dev_rrf"]["queries"] == card["dev_learned"]["queries"] == 8
 
 
@@ -47,7 +47,7 @@ def test_served_features_are_the_trained_ones(engine, beir_dir):
 
 
 def test_fusion_rrf_serves_plain_rrf(index_dir):
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", rerank=False, fusion="rrf"))
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False, fusion="rrf"))
     result = engine.stages("coffee and the liver", top_k=5)
     assert engine.fusion is None and result.fused == result.rrf and engine.describe()["fusion"] == "rrf"
 
@@ -57,17 +57,17 @@ def test_broken_fusion_model_is_reported_or_refused(index_dir, tmp_path, caplog)
     shutil.copytree(index_dir, copy)
     (copy / FUSION_DIR / MODEL_FILE).write_text("not a model\n")
     with pytest.raises(FusionModelError, match="not a LightGBM model"):
-        HybridEngine(Settings(index_dir=copy, device="cpu", rerank=False, fusion="learned"))
+        HybridEngine(EngineSettings(index_dir=copy, device="cpu", rerank=False, fusion="learned"))
     with caplog.at_level(logging.WARNING):
-        engine = HybridEngine(Settings(index_dir=copy, device="cpu", rerank=False))
+        engine = HybridEngine(EngineSettings(index_dir=copy, device="cpu", rerank=False))
     assert engine.fusion is None and "serving RRF" in caplog.text
     shutil.rmtree(copy / FUSION_DIR)
     with pytest.raises(FusionModelError, match="train-fusion"):
-        HybridEngine(Settings(index_dir=copy, device="cpu", rerank=False, fusion="learned"))
+        HybridEngine(EngineSettings(index_dir=copy, device="cpu", rerank=False, fusion="learned"))
 
 
 def test_train_fusion_command_retrains_in_place(index_dir, beir_dir, tmp_path, capsys):
-    from serving.cli import main
+    from cli.main import main
 
     copy = tmp_path / "index"
     shutil.copytree(index_dir, copy)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from engine.settings import EngineSettings
 
 
 @pytest.fixture
@@ -71,11 +72,10 @@ def test_a_torn_tail_is_cut_and_whole_records_survive(tmp_path, caplog):
 
 
 def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
-    from engine.config import Settings
     from engine.documents import DocumentIn, Filters
     from engine.search import HybridEngine
 
-    engine = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
+    engine = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
     try:
         for i in range(40):
             kind = "rare" if i < 4 else "common"
@@ -99,7 +99,7 @@ def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
         assert memory_pick not in {d for d, _ in result.memory + result.fused}
     finally:
         engine.close()
-    reopened = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    reopened = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False))
     assert reopened.store.document("n1") is None and reopened.store.document("n2") is not None
     reopened.close()
 
@@ -115,19 +115,18 @@ def test_similarity_threshold_reads_the_calibrated_probability(engine):
 
 
 def test_a_read_only_engine_refuses_unsettled_writes(live_dir):
-    from engine.config import Settings
     from engine.documents import DocumentIn
     from engine.search import HybridEngine
     from engine.store.index_dir import IndexDirError
 
-    writer = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
+    writer = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
     writer.live.upsert(DocumentIn.model_validate(_doc("w1", "walnuts and omega-3")), wait=True)
     with pytest.raises(IndexDirError, match="another process writes this index"):
-        HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
+        HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
     with pytest.raises(IndexDirError, match="compact"):
-        HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+        HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False))
     writer.close()
-    reader = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    reader = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False))
     assert reader.search("walnuts omega-3", 1)[0].document_id == "w1"
     reader.close()
 
@@ -328,10 +327,9 @@ def test_ingest_files_then_search_from_the_cli(live_dir, tmp_path):
     assert run.returncode == 1, run.stderr  # one file was bad
     assert "broken.jsonl:2: malformed JSON" in run.stderr and "added 5 documents" in run.stdout
 
-    from engine.config import Settings
     from engine.search import HybridEngine
 
-    engine = HybridEngine(Settings(index_dir=live_dir, device="cpu", rerank=False))
+    engine = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False))
     try:
         assert engine.store.document("B-1") is None  # nothing of the bad file
         kimchi = engine.store.document("kimchi")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from engine.settings import EngineSettings
 from tests.helpers import a2a_v1_send, only_doc_ids
 
 pytest.importorskip("ray", reason="the optional Ray extra is not installed (pip install -e '.[ray]')")
@@ -43,10 +44,9 @@ def _rest(url: str, query: str, top_k: int = 5) -> list[dict]:
 
 
 def test_ray_ranks_like_the_single_process(ray_server, index_dir, reranker_dir):
-    from engine.config import Settings
     from engine.search import HybridEngine
 
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu", reranker=reranker_dir))
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=reranker_dir))
     for query in QUERIES:
         local = engine.search(query, 5)
         served = _rest(ray_server["url"], query)
@@ -140,7 +140,7 @@ def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
 
     target = tmp_path / "on-ray"
     run = subprocess.run(
-        [sys.executable, "-m", "serving.cli", "build", "--ray", "--data", str(beir_dir), "--index-dir", str(target)]
+        [sys.executable, "-m", "cli.main", "build", "--ray", "--data", str(beir_dir), "--index-dir", str(target)]
         + ["--device", "cpu"],
         cwd=ROOT,
         capture_output=True,
@@ -158,7 +158,7 @@ def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
 
 def test_more_replicas_than_the_local_cluster_can_place_is_refused(index_dir):
     run = subprocess.run(
-        [sys.executable, "-m", "serving.cli", "serve", "--ray", "--index-dir", str(index_dir), "--device", "cpu"]
+        [sys.executable, "-m", "cli.main", "serve", "--ray", "--index-dir", str(index_dir), "--device", "cpu"]
         + ["--search-replicas", "4", "--mcp-port", str(free_port())],
         cwd=ROOT,
         capture_output=True,
@@ -171,7 +171,7 @@ def test_more_replicas_than_the_local_cluster_can_place_is_refused(index_dir):
 @pytest.mark.parametrize("command", ["serve", "build"])
 def test_without_ray_installed_the_cli_says_how_to_get_it(index_dir, command):
     code = (
-        "import sys; sys.modules['ray'] = None; from serving.cli import main;"
+        "import sys; sys.modules['ray'] = None; from cli.main import main;"
         f" sys.exit(main([{command!r}, '--ray', '--index-dir', {str(index_dir)!r}, '--device', 'cpu']))"
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

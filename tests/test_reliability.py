@@ -36,9 +36,9 @@ def test_every_rest_route_holds_under_schemathesis(index_dir, tmp_path):
     """In-process, every door keyed: no 5xx, replies as documented, auth enforced where declared."""
     from agents.messages import PAYLOADS
     from agents.system import SYSTEM_ID
-    from engine.config import Settings
     from serving.app import build_apps
     from serving.protocol_routes import hash_key
+    from serving.settings import Settings
 
     key = secrets.token_urlsafe(16)
     keys = tmp_path / "keys.toml"

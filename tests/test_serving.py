@@ -14,6 +14,7 @@ import pytest
 
 from agents.door_load import a2a_v03_send
 from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from engine.settings import EngineSettings
 from tests.helpers import a2a_v1_send, only_doc_ids
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
@@ -189,7 +190,7 @@ def test_mcp_over_stdio(index_dir):
 
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "serving.cli", "mcp-stdio", "--index-dir", str(index_dir), "--device", "cpu"],
+        args=["-m", "cli.main", "mcp-stdio", "--index-dir", str(index_dir), "--device", "cpu"],
         cwd=str(ROOT),
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -308,7 +309,6 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
 
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):
     from agents.evaluator import evaluate_agent
-    from engine.config import Settings
     from engine.search import HybridEngine
     from offline.dataset import load_dataset
     from offline.evaluation import evaluate_run, sample_queries, served_stage, stage_runs
@@ -316,7 +316,7 @@ def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_
     dataset = load_dataset(beir_dir)
     report = evaluate_agent(server["a2a"], dataset, "dev", num_queries=6, seed=42, top_k=5, timeout=60)
     assert report["failures"] == 0 and report["queries"] == 6
-    engine = HybridEngine(Settings(index_dir=index_dir, device="cpu"))
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu"))
     queries = sample_queries(dataset.split_queries("dev"), 6, 42)
     local = evaluate_run(dataset.qrels("dev"), stage_runs(engine, queries, progress=False)[served_stage(engine)])
     assert report["in-list NDCG@5"]["mean"] == pytest.approx(local["in-list NDCG@5"])
@@ -325,9 +325,9 @@ def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_
 
 
 def test_a_query_past_the_time_limit_fails_cleanly(engine):
-    from engine.config import Settings
     from engine.documents import SearchRequest
     from serving.search_service import QueryTimeout, SearchService
+    from serving.settings import Settings
 
     settings = Settings(index_dir=engine.settings.index_dir, query_timeout_s=1e-4)
     service = SearchService(settings, engine=engine)

@@ -455,20 +455,21 @@ def test_a_collector_down_or_slow_never_holds_a_request(index_dir, tmp_path, col
 def test_otlp_settings_from_flags_environment_and_toml(tmp_path, monkeypatch):
     import subprocess
 
-    from engine.config import Settings
-    from serving.cli import build_parser, settings_from
+    from cli.flags import settings_from
+    from cli.main import build_parser
+    from serving.settings import Settings
     from serving.telemetry import traces_url
 
     args = build_parser().parse_args(["serve", "--otlp-endpoint", "http://collector:4318", "--otlp-query-text"])
     settings = settings_from(args)
-    assert settings.otlp_endpoint == "http://collector:4318" and settings.otlp_query_text is True
-    assert settings_from(build_parser().parse_args(["serve"])).otlp_endpoint is None  # off by default
+    assert settings.telemetry.otlp_endpoint == "http://collector:4318" and settings.telemetry.otlp_query_text is True
+    assert settings_from(build_parser().parse_args(["serve"])).telemetry.otlp_endpoint is None  # off by default
     monkeypatch.setenv("HYBRID_SEARCH_OTLP_ENDPOINT", "https://otel.example:4318/custom/path")
-    assert Settings().otlp_endpoint == "https://otel.example:4318/custom/path"
+    assert Settings().telemetry.otlp_endpoint == "https://otel.example:4318/custom/path"
     monkeypatch.delenv("HYBRID_SEARCH_OTLP_ENDPOINT")
     (tmp_path / "c.toml").write_text('otlp_endpoint = "http://127.0.0.1:4318/"\n')
     monkeypatch.setenv("HYBRID_SEARCH_CONFIG", str(tmp_path / "c.toml"))
-    assert Settings().otlp_endpoint == "http://127.0.0.1:4318/"
+    assert Settings().telemetry.otlp_endpoint == "http://127.0.0.1:4318/"
     assert traces_url("http://127.0.0.1:4318/") == "http://127.0.0.1:4318/v1/traces"
     assert traces_url("https://otel.example:4318/custom/path") == "https://otel.example:4318/custom/path"
     monkeypatch.delenv("HYBRID_SEARCH_CONFIG")

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from engine.config import Settings
 from engine.search import HybridEngine
+from engine.settings import EngineSettings
 from index_build.negatives import mine_candidates
 from index_build.train_reranker import CARD_FILE, TrainOptions, train
 from offline.dataset import load_dataset
@@ -37,7 +37,7 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
         loss=loss,
         memory_context=memory_context,
     )
-    card = train(settings, options, progress=False)
+    card = train(settings, options, load_dataset(beir_dir), progress=False)
     assert card["train_split"] == "train" and card["steps"] == 10 and card["loss"].startswith(loss)
     assert card["loss_last"] < card["loss_first"]
     assert card["best_step"] in (5, 10) and len(card["history"]) == 2
@@ -56,9 +56,11 @@ def test_tiny_training_run_saves_a_model_that_serves(index_dir, beir_dir, minilm
 def test_missing_train_split_is_a_clear_error(index_dir, beir_dir, minilm_path):
     from offline.dataset import DatasetError
 
-    settings = Settings(data_dir=beir_dir, index_dir=index_dir, device="cpu")
+    settings = EngineSettings(index_dir=index_dir, device="cpu")
     with pytest.raises(DatasetError, match="no judgments for split 'nope'"):
-        train(settings, TrainOptions(base=minilm_path, split="nope", max_steps=1), progress=False)
+        train(
+            settings, TrainOptions(base=minilm_path, split="nope", max_steps=1), load_dataset(beir_dir), progress=False
+        )
 
 
 def test_only_a_fresh_scoring_head_learns_faster(minilm_path, reranker_dir):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, MANIFEST, STAGES, describe
+from engine.settings import EngineSettings
 
 HTTP_CLIENTS = (1, 8, 64)
 
@@ -19,11 +20,10 @@ def check(out: Path) -> int:
 
     import torch
 
-    from engine.config import Settings
     from engine.search import HybridEngine
     from offline.records import write_result
 
-    engine = HybridEngine(Settings(rerank=False))
+    engine = HybridEngine(EngineSettings(rerank=False))
     hits = engine.search("does vitamin D prevent falls?", 5)
     versions = {n: md.version(n) for n in ("torch", "transformers", "sentence-transformers", "faiss-cpu", "numpy")}
     report = {

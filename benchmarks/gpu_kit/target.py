@@ -80,7 +80,7 @@ def install(manifest: dict, home: Path = HOME) -> dict[str, str]:
 
 def _commands(results: Path) -> dict[str, list[list[str]]]:
     py = [sys.executable]
-    cli = py + ["-m", "serving.cli"]
+    cli = py + ["-m", "cli.main"]
     return {
         "check": [py + ["-m", "benchmarks.gpu_kit", "check", "--out", str(results / "check.json")]],
         "tests": [py + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rA"]],

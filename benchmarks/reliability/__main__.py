@@ -59,10 +59,11 @@ def fuzz_index(data_dir: Path, target: Path, documents: int = 300) -> Path:
     """
     from dataclasses import replace
 
-    from engine.config import Settings
+    from engine.settings import EngineSettings
     from engine.text import split_sentences
     from index_build.builder import build_index
     from index_build.corpus import beir_corpus
+    from index_build.settings import BuildSettings
     from offline.dataset import Dataset, load_dataset
 
     full = load_dataset(data_dir)
@@ -70,8 +71,13 @@ def fuzz_index(data_dir: Path, target: Path, documents: int = 300) -> Path:
         doc.doc_id: replace(doc, text=(split_sentences(doc.text) or [doc.text])[0])
         for doc in list(full.corpus.values())[:documents]
     }
-    settings = Settings(data_dir=data_dir, index_dir=target, fusion="rrf", memory_split=None, device="cpu")
-    build_index(settings, beir_corpus(Dataset(full.root, corpus, {})), progress=False)
+    engine = EngineSettings(index_dir=target, fusion="rrf", device="cpu")
+    build_index(
+        engine,
+        BuildSettings(data_dir=data_dir, memory_split=None),
+        beir_corpus(Dataset(full.root, corpus, {})),
+        progress=False,
+    )
     return target
 
 
@@ -79,9 +85,9 @@ def fuzz_all(index: Path, work: Path, cases: int, mcp_calls: int, at: int) -> di
     """Every door fuzzed; REST in-process (keyed), the rest through a served process."""
     from agents.messages import PAYLOADS
     from agents.system import SYSTEM_ID
-    from engine.config import Settings
     from serving.app import build_apps
     from serving.protocol_routes import hash_key
+    from serving.settings import Settings
 
     key = secrets.token_urlsafe(24)
     keys = work / "agent-keys.toml"

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from benchmarks.reliability.server import ServerExited, free_port, serve_args, start_server, stop_server
+from engine.settings import EngineSettings
 from engine.store.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
 from offline.records import write_result
 
@@ -132,12 +133,11 @@ LOGGED = [f"logged-{i}" for i in range(3)]  # the writes a crashed copy holds in
 def crashed_copy(index_dir: Path, target: Path) -> Path:
     """``target``: ``index_dir`` as a server leaves it when killed right after acknowledging the
     ``LOGGED`` writes (in the log, applied to no store)."""
-    from engine.config import Settings
     from engine.documents import DocumentIn
     from engine.search import HybridEngine
 
     source = _copy(index_dir, target.with_name(target.name + "-writer"))
-    settings = Settings(index_dir=source, device="cpu", rerank=False, refresh_interval_s=3600)  # no refresh
+    settings = EngineSettings(index_dir=source, device="cpu", rerank=False, refresh_interval_s=3600)  # no refresh
     engine = HybridEngine(settings, writable=True)
     try:
         for doc_id in LOGGED:
@@ -169,11 +169,10 @@ def corruption_outcome(
 
 
 def _engine_outcome(index: Path) -> dict:
-    from engine.config import Settings
     from engine.search import HybridEngine
 
     try:
-        engine = HybridEngine(Settings(index_dir=index, device="cpu", rerank=False), writable=True)
+        engine = HybridEngine(EngineSettings(index_dir=index, device="cpu", rerank=False), writable=True)
     except IndexDirError as exc:
         return {"refused": True, "message": str(exc)}
     try:
@@ -212,9 +211,9 @@ def in_process(
     for them and the SearchService behind it, closed (checkpointed) on exit."""
     from starlette.testclient import TestClient
 
-    from engine.config import Settings
     from serving.app import http_app
     from serving.search_service import SearchService
+    from serving.settings import Settings
 
     config = Settings(index_dir=index, device="cpu", trace_db=work_dir / "traces.sqlite", **settings)
     service = SearchService(config, writable=writable)

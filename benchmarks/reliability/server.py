@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "serving.cli"]
+CLI = [sys.executable, "-m", "cli.main"]
 
 
 class ServerExited(RuntimeError):

@@ -6,16 +6,16 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.config import Settings
 from engine.rerank.cross_encoder import Reranker, RerankerError
 from engine.rerank.pair_cache import PairCache
+from engine.settings import EngineSettings
 from engine.store.docstore import DocStore
 from engine.store.index_dir import DOCS_FILE
 
 log = logging.getLogger(__name__)
 
 
-def open_reranker(settings: Settings, device: str) -> Reranker | None:
+def open_reranker(settings: EngineSettings, device: str) -> Reranker | None:
     """The configured reranker on ``device``, or None (said in the log) when the index has none or
     it cannot load; a reranker named explicitly (``--reranker``) that cannot load raises."""
     if not settings.rerank:
@@ -33,7 +33,7 @@ def open_reranker(settings: Settings, device: str) -> Reranker | None:
         return None
 
 
-def load_reranker(settings: Settings, path: str, device: str, cache: bool = True) -> Reranker:
+def load_reranker(settings: EngineSettings, path: str, device: str, cache: bool = True) -> Reranker:
     """The reranker at ``path`` as serving runs it: runtime, quantization, length, batch, and the
     pair cache unless ``cache`` is off (training scores each checkpoint afresh)."""
     s = settings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.config import DEFAULT_ENCODER
+from engine.settings import DEFAULT_ENCODER
 
 
 def resolve_model(name: str) -> str:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from engine.config import Settings
 from engine.documents import Filters
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
@@ -25,6 +24,7 @@ from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
 from engine.search import stages
 from engine.search.results import AS_LOADED, Hit, Ranking, SearchOptions, StageResult, make_hits
+from engine.settings import EngineSettings
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
     BM25_DIR,
@@ -53,7 +53,11 @@ class HybridEngine:
     """
 
     def __init__(
-        self, settings: Settings, writable: bool = False, reranker: Scorer | None = None, follow: Writer | None = None
+        self,
+        settings: EngineSettings,
+        writable: bool = False,
+        reranker: Scorer | None = None,
+        follow: Writer | None = None,
     ) -> None:
         """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
         ``follow``: the index's writer in another process; this read-only engine takes its writes

@@ -1,0 +1,205 @@
+"""Commands that make or change an index: build, init, ingest, compact."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from cli.flags import WHERE, add_settings
+from engine.store.index_dir import FUSION_DIR, MANIFEST_FILE
+from serving.settings import Settings
+
+console = Console()
+BUILD_HELP = {
+    "fusion": "auto: train the learned fusion when there are train judgments; rrf: train none",
+    "max_length": "with --distil-from: the student's tokens per pair (default 96)",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "build",
+        help="build an index from a BEIR dataset or a folder of your files",
+        description="Build the BM25, dense and document indexes of --data: a BEIR dataset (a folder with"
+        " corpus.jsonl; its train judgments also build the judgment memory and the learned fusion) or any"
+        " folder of files, read recursively: .pdf, .md, .txt, .html, .docx, and the .jsonl / DOCUMENT_INGESTION"
+        " .json that `ingest` takes. Files are split into sentence-aligned chunks (page / section kept, the"
+        " document's type and stated date as metadata); a file that cannot be read is skipped, named with why,"
+        " and adds nothing. Without judgments the index serves BM25 + dense fused by RRF (and a reranker if"
+        " you give one); judgments can come later: train-fusion, train-reranker.",
+        epilog="examples:\n  hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus\n"
+        "  hybrid-search build --data ~/docs --index-dir indexes/docs --chunk-words 150\n"
+        "  hybrid-search init --index-dir indexes/empty          # nothing yet: ingest or POST /documents later",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--distil-from",
+        metavar="DIR",
+        help="then distil this trained reranker into the index's CPU student (3 layers, 96 tokens; ~35 min on"
+        " 2 cores); DIR must not be <index-dir>/reranker",
+    )
+    p.add_argument(
+        "--distil-steps", type=int, default=300, help="with --distil-from: the student's training steps (default 300)"
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="encode the corpus across a Ray cluster's workers (GPUs when present); the same index as a local build",
+    )
+    add_settings(
+        p,
+        [
+            *WHERE,
+            "encode_batch_size",
+            *Settings.part_fields("build"),
+            "bm25_k1",
+            "bm25_b",
+            "fusion",
+            "max_length",
+            "ray_address",
+        ],
+        BUILD_HELP,
+    )
+    p.set_defaults(run=build)
+
+    p = sub.add_parser(
+        "init",
+        help="make an empty index to ingest into or serve",
+        description="An empty index (no documents, no judgments) in --index-dir: add documents with `ingest` or"
+        " POST /documents while `serve` runs. Refuses a folder that already holds an index.",
+    )
+    add_settings(p, [*WHERE, "encoder"])
+    p.set_defaults(run=init)
+
+    p = sub.add_parser(
+        "ingest",
+        help="add files to an index: BEIR .jsonl, DOCUMENT_INGESTION .json, .txt, .md, .pdf, .html, .docx",
+        description="Add documents to an index (an empty one is made first where there is none), durably"
+        " (write-ahead log, then a checkpoint). A document id sent again replaces that document whole. Text,"
+        " Markdown, PDF, HTML and DOCX files are split into"
+        " sentence-aligned chunks (page / section kept). A file with any error adds nothing and is reported;"
+        " the others go in. While `serve` runs on the index, send documents to it (POST /documents) instead.",
+        epilog="examples:\n  hybrid-search ingest notes/*.md report.pdf --index-dir indexes/nfcorpus\n"
+        "  hybrid-search ingest extra-corpus.jsonl --chunk-words 120",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files to add")
+    add_settings(p, [*WHERE, "encode_batch_size", "chunk_words", "chunk_overlap_words"])
+    p.set_defaults(run=ingest)
+
+    p = sub.add_parser(
+        "compact",
+        help="apply and checkpoint logged writes (empties the write-ahead log)",
+        description="Replay the write-ahead log into Lucene, FAISS and SQLite, commit each, and empty the log."
+        " Needed before read-only tools (search, evaluate, bench) open an index that took live writes;"
+        " `serve` does it on a clean stop.",
+    )
+    add_settings(p, WHERE)
+    p.set_defaults(run=compact)
+
+
+def build(settings: Settings, args: argparse.Namespace) -> int:
+    from index_build.builder import build_index
+    from index_build.corpus import open_corpus
+
+    started = time.perf_counter()
+    ray = None
+    if getattr(args, "ray", False):  # serve --build-if-missing builds locally
+        from cli.serve import ray_app
+
+        ray_app()  # Ray installed, or a clear error before any work
+        ray = settings.scale_out.ray_address or "local"
+    engine, b = settings.engine, settings.build
+    corpus = open_corpus(b.data_dir, b.chunk_words, b.chunk_overlap_words)
+    for name, why in corpus.skipped:
+        print(f"hybrid-search: skipped {name}: {why}", file=sys.stderr)
+    manifest = build_index(engine, b, corpus, ray=ray)
+    fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF only"
+    read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
+    console.print(
+        f"built [bold]{engine.index_dir}[/]: {read}{manifest.documents} documents ({corpus.chunks} chunks),"
+        f" encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {fusion},"
+        f" {time.perf_counter() - started:.0f} s"
+    )
+    if getattr(args, "distil_from", None):  # serve --build-if-missing has no --distil-from
+        from index_build.train_reranker import STUDENT_MAX_LENGTH, student_options, train
+        from offline.dataset import load_dataset
+
+        card = train(
+            engine.model_copy(update={"max_length": engine.max_length or STUDENT_MAX_LENGTH}),
+            student_options(args.distil_from, args.distil_steps),
+            load_dataset(b.data_dir),
+        )
+        console.print(
+            f"student reranker in {engine.index_dir}/reranker: {card['layers']} layers, dev nDCG@10"
+            f" {card['dev_reranked']['nDCG@10']:.4f} (fused {card['dev_fused']['nDCG@10']:.4f})"
+        )
+    return 0
+
+
+def init(settings: Settings, args: argparse.Namespace) -> int:
+    """An empty index to ingest into or serve (POST /documents); never over an existing one."""
+    from index_build.builder import build_index
+    from index_build.corpus import empty_corpus
+
+    index_dir = settings.engine.index_dir
+    if (Path(index_dir) / MANIFEST_FILE).is_file():
+        raise ValueError(f"{index_dir} already holds an index; `ingest` adds to it, `build` replaces it")
+    manifest = build_index(settings.engine, settings.build, empty_corpus(), progress=False)
+    console.print(
+        f"made an empty index in [bold]{index_dir}[/] (encoder {manifest.encoder}): add documents with"
+        f" `hybrid-search ingest FILES --index-dir {index_dir}` or POST /documents while it serves"
+    )
+    return 0
+
+
+def ingest(settings: Settings, args: argparse.Namespace) -> int:
+    """Read and validate each file whole, then log its documents; one bad file adds nothing. A
+    folder that holds no index yet gets an empty one first."""
+    from engine.search import HybridEngine
+    from index_build.ingest import IngestError, read_documents
+    from offline.progress import track
+
+    b = settings.build
+    if not Path(settings.engine.index_dir).exists():
+        init(settings, args)
+    engine = HybridEngine(settings.engine.model_copy(update={"rerank": False}), writable=True)
+    added = chunks = failed = 0
+    started = time.perf_counter()
+    try:
+        for path in track(args.paths, "ingesting", "file"):
+            try:
+                documents = read_documents(path, b.chunk_words, b.chunk_overlap_words)
+            except IngestError as exc:
+                print(f"hybrid-search: skipped {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            for document in documents:
+                chunks += engine.live.upsert(document)["chunks"]
+            added += len(documents)
+        engine.live.refresh()
+    finally:
+        engine.close()
+    seconds = time.perf_counter() - started
+    skipped = f"; {failed} file{'s' * (failed > 1)} skipped (see above)" if failed else ""
+    print(f"added {added} documents ({chunks} chunks) to {settings.engine.index_dir} in {seconds:.1f} s{skipped}")
+    return 1 if failed else 0
+
+
+def compact(settings: Settings, args: argparse.Namespace) -> int:
+    """Apply and checkpoint every logged write, so the log is empty and readers can open the index."""
+    from engine.search import HybridEngine
+
+    engine = HybridEngine(settings.engine.model_copy(update={"rerank": False}), writable=True)
+    recovered = engine.live.recovery
+    result = engine.live.checkpoint()
+    engine.close()
+    print(
+        f"checkpointed {settings.engine.index_dir} at write {result['seq']}: replayed {recovered['records']}"
+        f" logged writes, emptied {result['log_bytes']:,} bytes of log in {result['seconds']:.2f} s"
+    )
+    return 0

@@ -1,0 +1,136 @@
+"""Commands that serve, and the tools a server's operator needs: serve, mcp-stdio, agent-key, schemas."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cli.flags import LIVE, SEARCH, add_settings
+from engine.store.index_dir import MANIFEST_FILE
+from serving.settings import Settings
+
+SERVE_SETTINGS = [
+    "data_dir",
+    *SEARCH,
+    *LIVE,
+    *Settings.part_fields("serving"),
+    *Settings.part_fields("security"),
+    *Settings.part_fields("telemetry"),
+    *Settings.part_fields("agents"),
+    *Settings.part_fields("scale_out"),
+]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve MCP + REST (port 8000) and the A2A agent (port 9010)",
+        description="Serve the index: MCP + REST on --mcp-port, the A2A agent on --a2a-port, the agent message"
+        " protocol at /v1. With --ray: one port (--mcp-port) for MCP + REST at / and the A2A agent at /a2a/,"
+        " search replicas (doors and retrieval), a reranker deployment (a GPU each when the cluster has GPUs)"
+        " that batches queries across replicas, and one writer the replicas follow (none with --read-only);"
+        " the index directory must be at the same path on every node.",
+        epilog="examples:\n  hybrid-search serve --build-if-missing\n"
+        "  hybrid-search serve --index-dir indexes/docs --host 0.0.0.0 --reranker ../models/reranker\n"
+        "  hybrid-search serve --ray --search-replicas 2-8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--build-if-missing", action="store_true", help="build the index from --data first if absent")
+    p.add_argument(
+        "--no-mcp", action="store_true", help="no MCP endpoint (/mcp): REST and /health still answer on --mcp-port"
+    )
+    p.add_argument("--no-a2a", action="store_true", help="serve only MCP + REST")
+    p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
+    p.add_argument("--read-only", action="store_true", help="refuse document writes (POST/DELETE /documents)")
+    p.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead of in this process")
+    add_settings(p, SERVE_SETTINGS)
+    p.set_defaults(run=serve, answers_queries=True)
+
+    p = sub.add_parser("mcp-stdio", help="serve the MCP tool over stdio, for hosts that launch tools")
+    add_settings(p, SEARCH)
+    p.set_defaults(run=mcp_stdio, answers_queries=True)
+
+    p = sub.add_parser("schemas", help="JSON Schemas of the agent message protocol's messages")
+    p.add_argument("--out", type=Path, help="folder to write <TYPE>.schema.json into (default: print)")
+    p.set_defaults(run=schemas)
+
+    p = sub.add_parser(
+        "agent-key",
+        help="make a key for an agent of the message protocol (prints the hashed entry for --agent-keys)",
+        epilog="example:\n  hybrid-search agent-key IngestionAgent --types DOCUMENT_INGESTION >> agent-keys.toml\n"
+        "  hybrid-search serve --agent-keys agent-keys.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("agent_id", help="the agent the key speaks for (the messages' sender)")
+    p.add_argument("--types", required=True, help="message types it may send, comma-separated")
+    p.add_argument("--rate", help="its rate limit, e.g. 60/minute (default: --agent-rate)")
+    p.set_defaults(run=agent_key)
+
+
+def serve(settings: Settings, args: argparse.Namespace) -> int:
+    from serving.app import run_servers
+
+    if args.no_mcp and args.no_a2a:
+        raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
+    if args.ray and (args.no_mcp or args.no_a2a or args.mcp_url):
+        raise ValueError("--ray serves MCP + REST and A2A on one port; leave out --no-mcp, --no-a2a and --mcp-url")
+    if args.ray and settings.security.tls_cert is not None:
+        raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
+    if args.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
+        from cli.index import build
+
+        build(settings, argparse.Namespace())
+    if args.ray:
+        ray_app().run_on_ray(settings, writable=not args.read_only)
+        return 0
+    run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url, writable=not args.read_only)
+    return 0
+
+
+def mcp_stdio(settings: Settings, args: argparse.Namespace) -> int:
+    from serving.mcp_tool import run_stdio
+
+    run_stdio(settings)
+    return 0
+
+
+def schemas(settings: Settings, args: argparse.Namespace) -> int:
+    """Write the JSON Schema of every agent-protocol message into a folder (or print them)."""
+    from agents.messages import schemas as all_schemas
+
+    found = all_schemas()
+    if args.out is None:
+        print(json.dumps(found, indent=2))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, schema in found.items():
+        (args.out / f"{name}.schema.json").write_text(json.dumps(schema, indent=2) + "\n")
+    print(f"wrote {len(found)} schemas to {args.out}")
+    return 0
+
+
+def agent_key(settings: Settings, args: argparse.Namespace) -> int:
+    """A new random key for an agent: the key once, and the hashed entry for the keys file."""
+    import secrets
+
+    from serving.protocol_routes import hash_key
+
+    key = "hsk-" + secrets.token_urlsafe(32)
+    types = ", ".join(json.dumps(t) for t in args.types.split(",") if t)
+    print(f"# key for {args.agent_id} (shown once; send it as 'Authorization: Bearer <key>'):\n# {key}")
+    print(f'[agents.{args.agent_id}]\nkey_sha256 = "{hash_key(key)}"\nmessage_types = [{types}]')
+    if args.rate:
+        print(f'rate = "{args.rate}"')
+    return 0
+
+
+def ray_app():
+    """:mod:`serving.ray_app`, or a clear error when the optional Ray extra is not installed."""
+    try:
+        from serving import ray_app
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith("ray"):
+            raise
+        raise RuntimeError("--ray needs Ray: pip install 'hybrid-search[ray]'") from None
+    return ray_app

@@ -1,0 +1,35 @@
+"""What a build is told: the data it reads, how files are cut into chunks, and the dense index it makes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.settings import DEFAULT_ENCODER, MaybeStr
+
+
+class BuildSettings(BaseModel):
+    """Building an index: `build`, `init`, `ingest` and the training commands read these."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    data_dir: Path = Field(
+        Path("../shared/datasets/nfcorpus"),
+        description="a BEIR dataset (a folder with corpus.jsonl; its judgments train the memory and the fusion) or"
+        " any folder of your files",
+    )
+    encoder: str = Field(
+        DEFAULT_ENCODER, description="sentence-transformers id or folder (the default has an offline copy)"
+    )
+    dense_index: Literal["flat", "hnsw"] = Field(
+        "flat", description="flat = exact inner product (right below ~1M docs); hnsw = approximate, for large corpora"
+    )
+    hnsw_m: int = Field(32, ge=4, description="HNSW graph degree (an hnsw dense index only)")
+    memory_split: MaybeStr = Field(
+        "auto",
+        description="train judgments the judgment memory learns from (auto: train.graded, else train; none: no memory)",
+    )
+    chunk_words: int = Field(200, ge=16, le=4000, description="words a chunk holds when a file is split")
+    chunk_overlap_words: int = Field(40, ge=0, description="words two neighbouring chunks share (whole sentences)")

@@ -1,0 +1,239 @@
+"""The whole configuration of a process: each layer's part, composed, and read from one place.
+
+Values come, lowest priority first, from the defaults, a TOML file (``--config`` or
+``HYBRID_SEARCH_CONFIG``), environment variables and finally the CLI's flags. Every setting keeps
+one flat name wherever it is given: ``rerank_depth = 30`` at the top of the TOML file (or under its
+part's table, ``[engine]``), ``HYBRID_SEARCH_RERANK_DEPTH=30``, ``--rerank-depth 30``; in code it
+is ``settings.engine.rerank_depth``. Names are unique across the parts, so a flat name says where it
+belongs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from agents.settings import AgentSettings
+from engine.documents import MAX_QUERY_CHARS
+from engine.settings import EngineSettings, MaybePath, MaybeStr
+from index_build.settings import BuildSettings
+
+ENV_PREFIX = "HYBRID_SEARCH_"
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("config_file", default=None)  # what Settings.load was given
+
+
+class ServingSettings(BaseModel):
+    """Where the doors listen and how much work they take at once."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    host: str = Field("127.0.0.1", description="interface to bind (0.0.0.0 in containers)")
+    mcp_port: int = Field(8000, ge=0, le=65535, description="MCP + REST port")
+    a2a_port: int = Field(9010, ge=0, le=65535, description="A2A purple agent port")
+    public_url: MaybeStr = Field(None, description="A2A URL advertised in the agent card (default http(s)://HOST:PORT)")
+    query_timeout_s: float = Field(30.0, gt=0, description="seconds a query may take before it fails")
+    max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1, description="longest query a door accepts, in characters")
+    max_in_flight: int = Field(
+        4, ge=1, description="requests doing engine work at once per process (searches, answers, writes); more wait"
+    )
+    max_queue_s: float = Field(
+        2.0, ge=0, description="seconds a request may wait for a slot before a fast 503 with Retry-After (0: none)"
+    )
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="largest HTTP request body (more gets 413)")
+    max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
+    mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
+
+
+class SecuritySettings(BaseModel):
+    """Who may talk to the doors, and over what."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    tls_cert: MaybePath = Field(None, description="PEM certificate (chain): every door serves HTTPS")
+    tls_key: MaybePath = Field(None, description="PEM private key of --tls-cert")
+    tls_client_ca: MaybePath = Field(
+        None, description="PEM CA bundle: clients must present a certificate it signed (mutual TLS)"
+    )
+    agent_keys: MaybePath = Field(
+        None, description="TOML of agent keys (hashed) for /v1 (default: loopback clients only)"
+    )
+    agent_rate: str = Field("120/minute", description="default messages an agent may send (limits' syntax)")
+    key_all_doors: bool = Field(False, description="put REST, MCP and A2A behind the agent keys too (open by default)")
+
+
+class TelemetrySettings(BaseModel):
+    """OpenTelemetry: every door makes spans; these say where they go."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    otlp_endpoint: MaybeStr = Field(
+        None,
+        description="OpenTelemetry collector (OTLP/HTTP), e.g. http://127.0.0.1:4318: spans are exported there"
+        " (batched, masked); off by default",
+    )
+    otlp_query_text: bool = Field(False, description="export each search's query text (masked); off: its length only")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL of an OTLP/HTTP collector, got {value!r}")
+        return value
+
+
+class ScaleOutSettings(BaseModel):
+    """Ray: `serve --ray` and `build --ray` (pip install 'hybrid-search[ray]')."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    ray_address: MaybeStr = Field(
+        None, description="Ray cluster to join, e.g. 10.0.0.5:6379 (default: start a local one)"
+    )
+    ray_search_replicas: tuple[int, int] = Field(
+        (1, 1), description="search replicas (the doors and retrieval): N, or MIN-MAX to autoscale between"
+    )
+    ray_reranker_replicas: tuple[int, int] = Field((1, 1), description="reranker replicas: N, or MIN-MAX")
+    ray_replica_cpus: float = Field(1.0, gt=0, description="CPUs (threads) a search or reranker replica reserves")
+    ray_batch_size: int = Field(8, ge=1, description="queries the reranker deployment scores in one batch")
+    ray_batch_wait_ms: float | None = Field(
+        None, ge=0, description="ms a reranker batch waits to fill (default: 3 on a GPU, 0 on a CPU)"
+    )
+
+    @field_validator("ray_search_replicas", "ray_reranker_replicas", mode="before")
+    @classmethod
+    def _replica_bounds(cls, value: object) -> object:
+        """``3`` or ``"3"`` -> (3, 3); ``"1-4"`` -> (1, 4): autoscaling bounds."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value, value)
+        elif isinstance(value, str):
+            low, _, high = value.partition("-")
+            try:
+                value = (int(low), int(high or low))
+            except ValueError:
+                raise ValueError(f"expected N or MIN-MAX replicas, e.g. 2 or 1-4, got {value!r}") from None
+        if isinstance(value, tuple | list) and len(value) == 2 and not 1 <= value[0] <= value[1]:
+            raise ValueError(f"replicas must be at least 1 and MIN <= MAX, got {value[0]}-{value[1]}")
+        return value
+
+
+PARTS: dict[str, type[BaseModel]] = {
+    "engine": EngineSettings,
+    "build": BuildSettings,
+    "agents": AgentSettings,
+    "serving": ServingSettings,
+    "security": SecuritySettings,
+    "telemetry": TelemetrySettings,
+    "scale_out": ScaleOutSettings,
+}
+PART_OF: dict[str, str] = {name: part for part, model in PARTS.items() for name in model.model_fields}
+RENAMED: dict[str, str] = {}  # old flat name -> today's, still accepted with a deprecation line
+
+
+def nest(values: dict[str, Any]) -> dict[str, Any]:
+    """Flat names (``rerank_depth``) moved under their part (``engine``); parts given whole stay.
+    An unknown name is kept where it is, for validation to name it."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in RENAMED:
+            print(f"hybrid-search: setting {key!r} is now {RENAMED[key]!r}; the old name will go", file=sys.stderr)
+            key = RENAMED[key]
+        if key in PARTS and isinstance(value, dict):  # a part given whole: [engine] in TOML
+            nested.setdefault(key, {}).update(value)
+        elif key in PART_OF:
+            nested.setdefault(PART_OF[key], {})[key] = value
+        else:
+            nested[key] = value
+    return nested
+
+
+class _Nested(PydanticBaseSettingsSource):
+    """Another source's values with flat names moved under their parts, so sources merge part by part."""
+
+    def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.source = source
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is what pydantic-settings uses
+        return self.source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        return nest(self.source())
+
+
+class _FlatEnv(PydanticBaseSettingsSource):
+    """``HYBRID_SEARCH_<NAME>`` for every setting of every part (and the renamed ones' old names)."""
+
+    def get_field_value(self, field, field_name):  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {}
+        for name in [*PART_OF, *RENAMED]:
+            value = os.environ.get(ENV_PREFIX + name.upper())
+            if value is not None:
+                found[name] = value
+        return nest(found)
+
+
+class Settings(BaseSettings):
+    """Every part a process may need; commands and servers read the parts they use."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_assignment=True)
+
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="retrieval, fusion and reranking")
+    build: BuildSettings = Field(default_factory=BuildSettings, description="building an index")
+    agents: AgentSettings = Field(default_factory=AgentSettings, description="the agent message protocol")
+    serving: ServingSettings = Field(default_factory=ServingSettings, description="the doors")
+    security: SecuritySettings = Field(default_factory=SecuritySettings, description="TLS and agent keys")
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings, description="OpenTelemetry")
+    scale_out: ScaleOutSettings = Field(default_factory=ScaleOutSettings, description="Ray")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = _CONFIG_FILE.get() or os.environ.get(ENV_PREFIX + "CONFIG")
+        sources: tuple[PydanticBaseSettingsSource, ...] = (_Nested(settings_cls, init_settings), _FlatEnv(settings_cls))
+        if toml_file:
+            sources += (_Nested(settings_cls, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)),)
+        return sources
+
+    @classmethod
+    def load(cls, config: Path | None = None, **overrides: object) -> Settings:
+        """``overrides`` (flat names, as the flags give them) over ``HYBRID_SEARCH_*`` over the TOML
+        file ``config`` (default: the one ``HYBRID_SEARCH_CONFIG`` names)."""
+        token = _CONFIG_FILE.set(config)
+        try:
+            return cls(**overrides)
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @staticmethod
+    def part_fields(part: str) -> list[str]:
+        """The flat names of one part's settings."""
+        return list(PARTS[part].model_fields)
+
+    def with_values(self, **values: object) -> Settings:
+        """A copy with some settings changed, by their flat names, validated as given."""
+        updated = self.model_dump()
+        for part, fields in nest(values).items():
+            if part not in PARTS:
+                raise ValueError(f"unknown setting {part!r}")
+            updated[part].update(fields)
+        return type(self).model_validate(updated)
