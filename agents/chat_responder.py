@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from agents.responder import Answer, ExtractiveResponder, Question
+from engine.errors import ServiceError
 from engine.health import FailureCount
 
 INSTRUCTIONS = (
@@ -19,8 +20,10 @@ INSTRUCTIONS = (
 )
 
 
-class GenerationFailed(RuntimeError):
-    """The LLM server failed and the extractive fallback is switched off."""
+class GenerationFailed(ServiceError, RuntimeError):
+    """The LLM server failed and the extractive fallback is switched off (a bad gateway: 502)."""
+
+    status, jsonrpc_code = 502, -32002
 
 
 class ChatResponder:

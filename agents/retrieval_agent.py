@@ -18,8 +18,8 @@ from agents.messages import (
     RetrievedChunk,
 )
 from agents.router import AgentError
+from engine.live.writer import NotYetSearchable
 from engine.search import HybridEngine
-from engine.store.live import NotYetSearchable
 
 
 class RetrievalAgent:
@@ -41,7 +41,9 @@ class RetrievalAgent:
     def _search(self, request: RetrievalRequest) -> RetrievalResult:
         started = time.perf_counter()
         try:
-            hits = self.engine.search(request.query, request.top_k, request.filters, request.similarity_threshold)
+            hits = self.engine.search(
+                request.query, request.top_k, request.filters, request.similarity_threshold, door="protocol"
+            )
         except ValueError as exc:
             raise AgentError(ErrorCode.INVALID_MESSAGE, str(exc)) from None
         except Exception as exc:  # which retriever failed decides the code: the Java side is Lucene's

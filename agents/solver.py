@@ -78,7 +78,7 @@ class Solver:
         previous = next((t["content"] for t in reversed(history.turns) if t["role"] == "user"), None)
         query = f"{previous} {request.task}" if previous else request.task
         longest = self.max_query_chars  # the task whole, the history's end before it
-        hits = self.engine.search(query[-longest:], self.top_k)
+        hits = self.engine.search(query[-longest:], self.top_k, door="solver")
         sources = [Source(h.text, h.document_id, h.similarity_score) for h in hits]
         if request.context:
             sources.append(Source(request.context, "context"))

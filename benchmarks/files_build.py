@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from engine.settings import EngineSettings
+from engine.text import chunk_text
 
 GFLOP_PER_CHUNK_256 = 5.4  # MiniLM-L6 forward pass at 256 tokens (the figure)
 FORMATS = ("pdf", "md", "html", "docx")
@@ -84,7 +85,7 @@ def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
     build_index(EngineSettings(index_dir=work / "index", device="cpu"), build, corpus, progress=False)
     build_s = time.perf_counter() - started
 
-    texts = [f"{c['title']} {c['content']}" for d in corpus.documents for c in d["chunks"]]
+    texts = [chunk_text(c["title"], c["content"]) for d in corpus.documents for c in d["chunks"]]
     encoder = load_encoder(build.encoder, "cpu")
     tokens = [min(len(encoder.tokenizer(t)["input_ids"]), encoder.max_seq_length) for t in texts]
     mean_tokens = sum(tokens) / len(tokens)

@@ -126,11 +126,12 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
         f" {time.perf_counter() - started:.0f} s"
     )
     if getattr(args, "distil_from", None):  # serve --build-if-missing has no --distil-from
-        from index_build.train_reranker import STUDENT_MAX_LENGTH, student_options, train
+        from engine.settings import CPU_RERANK_MAX_LENGTH
+        from index_build.train_reranker import student_options, train
         from offline.dataset import load_dataset
 
         card = train(
-            engine.model_copy(update={"max_length": engine.max_length or STUDENT_MAX_LENGTH}),
+            engine.model_copy(update={"max_length": engine.max_length or CPU_RERANK_MAX_LENGTH}),
             student_options(args.distil_from, args.distil_steps),
             load_dataset(b.data_dir),
         )

@@ -8,7 +8,8 @@ training pay nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from opentelemetry import context, trace
 from opentelemetry.trace import Status, StatusCode
@@ -18,6 +19,31 @@ TRACER = "hybrid_search"
 DOOR = context.create_key("hybrid_search.door")  # set by the door a request came in by
 
 tracer = trace.get_tracer(TRACER)
+_query_text = [False]  # whether search spans carry the query itself (serving.telemetry.install says)
+
+
+def export_query_text(on: bool) -> None:
+    """Search spans carry the query's text (masked on export) when ``on``, else only its length."""
+    _query_text[0] = on
+
+
+@contextmanager
+def search_span(door: str, query: str, top_k: int, filtered: bool) -> Iterator[trace.Span]:
+    """The ``search`` span of one search, current while it runs, with the door it came by (its
+    stage spans carry that too): ``door``, ``search.top_k``, ``search.query_chars`` (the query with
+    :func:`export_query_text`), ``search.filtered``; ``error.type`` when it fails."""
+    attributes = {"door": door, "search.top_k": top_k, "search.query_chars": len(query), "search.filtered": filtered}
+    if _query_text[0]:
+        attributes["search.query"] = query
+    with tracer.start_as_current_span("search", attributes=attributes) as span:
+        token = context.attach(context.set_value(DOOR, door))
+        try:
+            yield span
+        except Exception as exc:
+            span.set_attribute("error.type", type(exc).__name__)
+            raise
+        finally:
+            context.detach(token)
 
 
 def record_stages(

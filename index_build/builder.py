@@ -32,6 +32,7 @@ from engine.store.index_dir import (
     Manifest,
     read_manifest,
 )
+from engine.text import chunk_text
 from index_build.corpus import Corpus, open_corpus
 from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
@@ -70,7 +71,7 @@ def build_index(
     try:
         docs = corpus.documents
         units = [(d["document_id"], c) for d in docs for c in d["chunks"]]
-        texts = [f"{c['title']} {c['content']}".strip() for _, c in units]
+        texts = [chunk_text(c["title"], c["content"]) for _, c in units]
         _build_bm25(tmp / BM25_DIR, docs, progress)
         device = pick_device(settings.device)
         encoder = load_encoder(build.encoder, device)
@@ -131,7 +132,7 @@ def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
     index = LuceneIndex(path, writable=True, create=True)
     for doc in track(docs, "BM25 index", "doc", enabled=progress):
         units = [
-            (unit_id(doc["document_id"], c["chunk_id"]), f"{c['title']} {c['content']}".strip()) for c in doc["chunks"]
+            (unit_id(doc["document_id"], c["chunk_id"]), chunk_text(c["title"], c["content"])) for c in doc["chunks"]
         ]
         index.add(doc["document_id"], units)
     index.commit(0)

@@ -74,13 +74,10 @@ class TrainOptions:
     student_layers: int | None = None
 
 
-STUDENT_MAX_LENGTH = 96
-
-
 def student_options(teacher: str, steps: int = 300) -> TrainOptions:
     """The CPU student recipe the README's table measured: 3 of the teacher's 6 layers (2 fell below
-    the fused order), 96 tokens (train with ``max_length=STUDENT_MAX_LENGTH``), 300 steps of 8 groups
-    at 2e-4, checkpoints every 100: 35 minutes on 2 cores for the NFCorpus student."""
+    the fused order), the 96 tokens a CPU serves (train with ``max_length=CPU_RERANK_MAX_LENGTH``), 300
+    steps of 8 groups at 2e-4, checkpoints every 100: 35 minutes on 2 cores for the NFCorpus student."""
     return TrainOptions(
         base=teacher, distil_from=teacher, student_layers=3, max_steps=steps, lr=2e-4, eval_every=max(1, steps // 3)
     )

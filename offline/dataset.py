@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.text import chunk_text
+
 
 class DatasetError(ValueError):
     """A dataset file is missing or malformed; the message names the file and line."""
@@ -26,8 +28,8 @@ class Document:
 
     @property
     def contents(self) -> str:
-        """Title and body joined the way Anserini's BEIR "flat" collections index them."""
-        return f"{self.title} {self.text}".strip()
+        """What every stage reads of this document (:func:`engine.text.chunk_text`)."""
+        return chunk_text(self.title, self.text)
 
 
 def beir_document(doc: Document) -> dict:

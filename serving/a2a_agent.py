@@ -31,11 +31,11 @@ from a2a.utils.errors import InvalidParamsError
 from starlette.applications import Starlette
 
 from engine.documents import SearchRequest
-from serving.admission import Overloaded
+from engine.errors import ServiceError
 from serving.jsonrpc_guard import JsonRpcGuard
-from serving.replies import json_http_errors
+from serving.replies import json_errors
 from serving.requests import BadRequest, validated
-from serving.search_service import QueryTimeout, SearchService
+from serving.search_service import SearchService
 
 log = logging.getLogger(__name__)
 SKILL_ID = "nfcorpus_retrieval"
@@ -142,7 +142,7 @@ class RetrievalExecutor(AgentExecutor):
         try:
             request = parse_message(list(context.message.parts), self.max_chars)
             doc_ids = await asyncio.wait_for(self.search.doc_ids(request), timeout=self.timeout_s)
-        except (BadRequest, QueryTimeout, Overloaded) as exc:
+        except ServiceError as exc:  # the caller is told why: a failed task
             await self._fail(updater, str(exc))
             return
         except TimeoutError:
@@ -158,7 +158,7 @@ class RetrievalExecutor(AgentExecutor):
     async def _solve(self, updater: TaskUpdater, payload: dict) -> None:
         try:
             answer = await asyncio.wait_for(self.solve(payload), timeout=self.timeout_s)
-        except (BadRequest, Overloaded) as exc:
+        except ServiceError as exc:
             await self._fail(updater, str(exc))
             return
         except TimeoutError:
@@ -250,4 +250,4 @@ def build_a2a_app(
         *create_agent_card_routes(card, card_url="/.well-known/agent.json"),
         *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
     ]
-    return JsonRpcGuard(json_http_errors(Starlette(routes=routes)), "/", max_body_bytes)
+    return JsonRpcGuard(json_errors(Starlette(routes=routes)), "/", max_body_bytes)

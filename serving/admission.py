@@ -16,14 +16,22 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from engine.errors import ServiceError
 
-class Overloaded(RuntimeError):
+
+class Overloaded(ServiceError, RuntimeError):
     """Every slot stayed busy for the whole queue time, or a part the request needs is restarting;
     ``retry_after_s`` says when to come back (a 503 with Retry-After)."""
+
+    status, jsonrpc_code = 503, -32005
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(f"{message}; retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class Admission:

@@ -21,7 +21,7 @@ from serving.asgi import route_path
 from serving.mcp_events import RETRY_MS, RecentEvents
 from serving.mcp_tool import build_mcp_server
 from serving.protocol_routes import ProtocolDoor, hash_key, load_keys
-from serving.replies import json_http_errors
+from serving.replies import json_errors
 from serving.requests import bearer
 from serving.search_service import SearchService
 from serving.settings import Settings
@@ -153,7 +153,7 @@ def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) 
             host=settings.serving.host, stateless_http=stateless, **resumable
         )
         routes, lifespan = routes + mcp_app.routes, mcp_app.router.lifespan_context
-    return json_http_errors(Starlette(routes=routes, lifespan=lifespan))
+    return json_errors(Starlette(routes=routes, lifespan=lifespan))
 
 
 def _display_host(host: str) -> str:

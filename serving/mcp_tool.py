@@ -22,16 +22,13 @@ from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
 
 from engine.documents import DocumentIn
-from engine.store.live import DocumentNotFound, NotYetSearchable
-from engine.store.wal import StorageFull
-from serving.admission import Overloaded
+from engine.errors import ServiceError
+from engine.live.writer import DocumentNotFound
 from serving.replies import DOCUMENT_URI, ChunkResponse, SearchResponse, to_chunks, to_response
-from serving.requests import BadRequest, validated
-from serving.search_service import QueryTimeout, ReadOnly, SearchService
+from serving.requests import validated
+from serving.search_service import SearchService
 
 TOOL_NAME = "search_nfcorpus"
-# what a tool answers as a tool error (a message for the calling model), never a crash
-FAILURES = (BadRequest, QueryTimeout, Overloaded, ReadOnly, StorageFull, NotYetSearchable)
 
 
 def takes(model: type[BaseModel], *names: str) -> Callable[[Callable], Callable]:
@@ -69,7 +66,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     async def searched(arguments: dict):
         try:
             return await service.search(validated(model, arguments), door="mcp")
-        except FAILURES as exc:
+        except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
             raise ToolError(str(exc)) from None
 
     @server.tool(name=TOOL_NAME, description="Find the NFCorpus documents most relevant to a plain-English query.")
@@ -93,7 +90,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         async def add_document(**arguments) -> dict:
             try:
                 return await service.upsert(arguments, wait=True)
-            except FAILURES as exc:
+            except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
                 raise ToolError(str(exc)) from None
 
         @server.tool(name="delete_document", description="Delete a document and all its chunks.")
@@ -102,7 +99,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
                 return await service.delete(document_id, wait=True)
             except DocumentNotFound:
                 raise ToolError(f"no document {document_id!r}") from None
-            except FAILURES as exc:
+            except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
                 raise ToolError(str(exc)) from None
 
     @server.resource(

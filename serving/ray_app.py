@@ -11,7 +11,7 @@ Deployments behind Serve's HTTP proxy (one port):
   :class:`engine.rerank.batching.RerankBatcher` does inside one process);
 - ``WriterReplica`` (unless ``--read-only``): the index's one writer. The doors send it every
   write; it checkpoints after each refresh, and each search replica shows the newest checkpoint
-  before it searches (:mod:`engine.store.follower`): a write is visible on every replica within the
+  before it searches (:mod:`engine.live.follower`): a write is visible on every replica within the
   refresh interval, and at once when it was sent with ``wait``.
 
 Index directories are read from the same path on every node (a shared disk). Ray is an optional
@@ -75,7 +75,7 @@ class RerankerReplica:
 @serve.deployment(name="writer", num_replicas=1)
 class WriterReplica:
     """The index's one writer: takes every replica's writes and checkpoints after each refresh that
-    applied some, which is what the search replicas follow (:mod:`engine.store.follower`)."""
+    applied some, which is what the search replicas follow (:mod:`engine.live.follower`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.engine = HybridEngine(

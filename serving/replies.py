@@ -8,6 +8,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from engine.errors import ServiceError
 from engine.search import Hit
 
 DOCUMENT_URI = "document://{document_id}"  # the MCP resource template a hit's whole document is read at
@@ -76,7 +77,13 @@ async def _json_http_error(request: Request, exc: HTTPException) -> JSONResponse
     return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, exc.status_code, exc.headers)
 
 
-def json_http_errors(app: Starlette) -> Starlette:
-    """Unknown routes and methods answer ``{"error": ...}`` as JSON, like every other error here."""
+async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    return JSONResponse({"error": str(exc)}, exc.status, exc.headers)
+
+
+def json_errors(app: Starlette) -> Starlette:
+    """Every failure a route raises answers ``{"error": ...}`` as JSON with the status its kind
+    carries; unknown routes and methods too."""
     app.add_exception_handler(HTTPException, _json_http_error)
+    app.add_exception_handler(ServiceError, _service_error)
     return app

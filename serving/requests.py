@@ -11,15 +11,18 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from engine.documents import problems
+from engine.errors import INVALID_PARAMS, ServiceError
 
 Model = TypeVar("Model", bound=BaseModel)
 
 
-class BadRequest(ValueError):
+class BadRequest(ServiceError, ValueError):
     """The caller's input is wrong; the message says how."""
 
+    status, jsonrpc_code = 422, INVALID_PARAMS
 
-class BodyError(ValueError):
+
+class BodyError(BadRequest):
     """The body cannot be read as JSON: too large (413) or not JSON (400)."""
 
     def __init__(self, status: int, message: str) -> None:

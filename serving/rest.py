@@ -2,12 +2,12 @@
 (POST, and GET / DELETE by id), the benchmark solver, ``/health``, ``/metrics``, ``/openapi.json``
 and the agent protocol's ``/v1`` routes, declared as one route list.
 
-Every error answers ``{"error": ...}`` with the status its kind means (:func:`rest`).
+Every error answers ``{"error": ...}`` with the status its kind carries (a
+:class:`~engine.errors.ServiceError`, by the app's exception handler: :func:`serving.replies.json_errors`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,47 +15,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agents.chat_responder import GenerationFailed
-from engine.store.live import DocumentNotFound, NotYetSearchable
-from engine.store.wal import StorageFull
-from serving.admission import Overloaded
 from serving.openapi import openapi_document
 from serving.protocol_routes import ProtocolDoor
 from serving.replies import to_chunks, to_response
-from serving.requests import BadRequest, BodyError, json_body, validated
-from serving.search_service import REFRESH, QueryTimeout, ReadOnly, SearchService
+from serving.requests import BadRequest, json_body, validated
+from serving.search_service import REFRESH, SearchService
 
 SOLVER_PATH = "/api/a2a/purple-agent"
 Handler = Callable[[Request], Awaitable[Response]]
-# what each failure means to an HTTP caller (a BodyError carries its own status)
-STATUS: dict[type[Exception], int] = {
-    BadRequest: 422,
-    DocumentNotFound: 404,
-    ReadOnly: 405,
-    QueryTimeout: 504,
-    GenerationFailed: 502,
-    StorageFull: 507,  # nothing was logged: the caller may retry once there is room
-    NotYetSearchable: 503,  # logged and kept, but ?refresh=wait_for could not be honoured
-    Overloaded: 503,
-}
-
-
-def rest(handler: Handler) -> Handler:
-    """A handler whose errors become ``{"error": ...}`` with the status each kind means."""
-
-    @functools.wraps(handler)
-    async def answer(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except BodyError as exc:
-            return JSONResponse({"error": str(exc)}, exc.status)
-        except tuple(STATUS) as exc:
-            message = f"no document {exc.args[0]!r}" if isinstance(exc, DocumentNotFound) else str(exc)
-            retry = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
-            status = next(code for kind, code in STATUS.items() if isinstance(exc, kind))
-            return JSONResponse({"error": message}, status, headers=retry)
-
-    return answer
 
 
 def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
@@ -97,13 +64,13 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
     return [
-        Route("/search_nfcorpus", rest(search(to_response)), methods=["POST"]),
-        Route("/search", rest(search(to_chunks)), methods=["POST"]),
-        Route("/documents", rest(post_document), methods=["POST"]),
-        Route("/documents/{document_id:path}", rest(get_document), methods=["GET"]),
-        Route("/documents/{document_id:path}", rest(delete_document), methods=["DELETE"]),
+        Route("/search_nfcorpus", search(to_response), methods=["POST"]),
+        Route("/search", search(to_chunks), methods=["POST"]),
+        Route("/documents", post_document, methods=["POST"]),
+        Route("/documents/{document_id:path}", get_document, methods=["GET"]),
+        Route("/documents/{document_id:path}", delete_document, methods=["DELETE"]),
         Route(SOLVER_PATH, solver_card, methods=["GET"]),
-        Route(SOLVER_PATH, rest(solve), methods=["POST"]),
+        Route(SOLVER_PATH, solve, methods=["POST"]),
         *door.routes(),
         Route("/health", health, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -15,24 +16,28 @@ from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
 from agents.traces import TraceStore
 from engine.documents import DocumentIn, SearchRequest
+from engine.errors import ServiceError
 from engine.health import FailureCount
+from engine.live.writer import DocumentNotFound
 from engine.search import Hit, HybridEngine
-from engine.store.live import DocumentNotFound
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated
 from serving.settings import Settings
-from serving.telemetry import traced_search
 
 log = logging.getLogger(__name__)
 REFRESH = ("wait_for", "true", "false")  # ?refresh= on writes: wait_for/true answer once searchable
 
 
-class QueryTimeout(TimeoutError):
-    """The query ran past the configured limit."""
+class QueryTimeout(ServiceError, TimeoutError):
+    """The query ran past the configured limit (504)."""
+
+    status, jsonrpc_code = 504, -32001
 
 
-class ReadOnly(PermissionError):
-    """This server was started without writes."""
+class ReadOnly(ServiceError, PermissionError):
+    """This server was started without writes (405: the method is not allowed here)."""
+
+    status, jsonrpc_code = 405, -32006
 
 
 class SearchService:
@@ -67,17 +72,18 @@ class SearchService:
         self.registry.register(_AgentMetrics(self.router))
         self.registry.register(_FallbackMetrics(self))
         self.registry.register(_RerankCacheMetrics(self.engine))
+        self.engine.stage_observers.append(self._observe)  # every search's stages, whoever asked
         self.admission = Admission(settings.serving.max_in_flight, settings.serving.max_queue_s, self.registry)
 
-    @traced_search
     async def search(self, request: SearchRequest, door: str) -> list[Hit]:
-        """Search within the time limit; errors are counted and re-raised for the door to phrase."""
+        """A door's search: admitted, within the time limit, off the event loop; errors are counted
+        and re-raised for the door to phrase (the search itself: :meth:`HybridEngine.search`)."""
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
         try:
             async with self.admission.slot(door):
                 run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
-                future = loop.run_in_executor(self._pool, run, self._timed_search, request)
+                future = loop.run_in_executor(self._pool, run, self._search, request, door)
                 return await asyncio.wait_for(future, timeout=self.settings.serving.query_timeout_s)
         except Overloaded:
             self.errors.labels(door, "overloaded").inc()
@@ -89,11 +95,14 @@ class SearchService:
             self.errors.labels(door, "internal").inc()
             raise
 
-    def _timed_search(self, request: SearchRequest) -> list[Hit]:
-        result = self.engine.stages(request.query, request.top_k, filters=request.filters)
-        for stage, seconds in result.seconds.items():
-            self.latency.labels(stage).observe(seconds)
-        return self.engine.hits(result, request.top_k, request.similarity_threshold)
+    def _search(self, request: SearchRequest, door: str) -> list[Hit]:
+        return self.engine.search(
+            request.query, request.top_k, request.filters, request.similarity_threshold, door=door
+        )
+
+    def _observe(self, seconds: Mapping[str, float]) -> None:
+        for stage, spent in seconds.items():
+            self.latency.labels(stage).observe(spent)
 
     async def solve(self, payload: object) -> dict:
         """A benchmark task (``SolverRequest``'s shape); BadRequest names the field or the rule."""

@@ -1,5 +1,6 @@
 """OpenTelemetry for the doors: W3C ``traceparent`` in and out, a server span per HTTP request, a
-``search`` span per search, and (with ``--otlp-endpoint``) masked export over OTLP/HTTP.
+``search`` span per search (the engine's, :func:`engine.telemetry.search_span`), and (with
+``--otlp-endpoint``) masked export over OTLP/HTTP.
 
 :func:`install` puts the SDK's tracer provider in place once per process, with or without export,
 so that every request has a real trace id: the one its response's ``traceparent`` header names
@@ -16,7 +17,6 @@ store masks never reaches a collector either. Query texts are not exported unles
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -34,6 +34,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agents.traces import Masker
+from engine import telemetry as engine_telemetry
 from engine.telemetry import DOOR, tracer
 from serving.asgi import route_path
 from serving.settings import Settings
@@ -54,6 +55,7 @@ _install_lock = threading.Lock()
 def install(settings: Settings) -> None:
     """The SDK tracer provider, once per process, exporting to ``settings.telemetry.otlp_endpoint`` when set.
     ``OTEL_SDK_DISABLED=true`` leaves tracing off: no spans, no ids (the benchmark's baseline)."""
+    engine_telemetry.export_query_text(settings.telemetry.otlp_query_text)
     with _install_lock:
         if _provider or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             return
@@ -212,29 +214,3 @@ class TracedDoor:
                 if route:
                     span.set_attribute("http.route", route)
                     span.update_name(f"{method} {route}")
-
-
-def traced_search(search):
-    """``SearchService.search`` in a ``search`` span: ``door``, ``search.top_k``,
-    ``search.query_chars`` (the query itself with ``--otlp-query-text``), ``search.filtered``,
-    ``search.hits``, and ``error.type`` when it fails (QueryTimeout, Overloaded...)."""
-
-    @functools.wraps(search)
-    async def traced(service, request, door: str):
-        attributes = {"door": door, "search.top_k": request.top_k, "search.query_chars": len(request.query)}
-        if service.settings.telemetry.otlp_query_text:
-            attributes["search.query"] = request.query
-        attributes["search.filtered"] = request.filters is not None
-        with tracer.start_as_current_span("search", attributes=attributes) as span:
-            token = context.attach(context.set_value(DOOR, door))
-            try:
-                hits = await search(service, request, door)
-            except Exception as exc:
-                span.set_attribute("error.type", type(exc).__name__)
-                raise
-            finally:
-                context.detach(token)
-            span.set_attribute("search.hits", len(hits))
-            return hits
-
-    return traced

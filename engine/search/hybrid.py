@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from engine import telemetry
 from engine.documents import Filters
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
@@ -39,7 +40,7 @@ from engine.store.index_dir import (
 )
 
 if TYPE_CHECKING:
-    from engine.store.live import LiveIndex, Writer
+    from engine.live.writer import LiveIndex, Writer
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ class HybridEngine:
         """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
-        from engine.store.follower import Follower
-        from engine.store.live import LiveIndex, ViewLock, claim_writer
+        from engine.live.follower import Follower
+        from engine.live.writer import LiveIndex, ViewLock, claim_writer
 
         self.settings = settings
         index_dir = Path(settings.index_dir)
@@ -94,6 +95,7 @@ class HybridEngine:
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.reranker = self._load_reranker(reranker)
         self.reranker_health = FailureCount()
+        self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
 
     def _check_settled(self, index_dir: Path, dense_seq: int) -> None:
         seqs = {self.bm25.committed_seq(), dense_seq, self.store.meta("applied_seq")}
@@ -262,15 +264,25 @@ class HybridEngine:
         filters: Filters | None = None,
         similarity_threshold: float | None = None,
         options: SearchOptions = AS_LOADED,
+        door: str = "engine",
     ) -> list[Hit]:
         """``top_k`` unique chunks, best first; fewer only if fewer match the filters or reach the
-        threshold (on :meth:`similarity`)."""
+        threshold (on :meth:`similarity`).
+
+        The one way a query is answered: every door, agent and the solver search here (``door``
+        names who asked), so each search gets one ``search`` span with its stage spans, and its
+        stage times go to every :attr:`stage_observers` (the server's metrics) once."""
         if not query.strip():
             raise ValueError("query is empty")
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        result = self.stages(query, top_k, filters=filters, options=options)
-        return self.hits(result, top_k, similarity_threshold)
+        with telemetry.search_span(door, query, top_k, filtered=filters is not None) as span:
+            result = self.stages(query, top_k, filters=filters, options=options)
+            for observe in self.stage_observers:
+                observe(result.seconds)
+            hits = self.hits(result, top_k, similarity_threshold)
+            span.set_attribute("search.hits", len(hits))
+        return hits
 
     def similarity(self, result: StageResult, ranking: list[tuple[str, float]]) -> list[float]:
         """What ``similarity_score`` means: with a calibrated fusion, the probability that the hit is

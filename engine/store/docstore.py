@@ -17,6 +17,7 @@ from pathlib import Path
 
 from engine.documents import DATE, DOCUMENT_TYPE, Filters, unit_id
 from engine.store.index_dir import IndexDirError
+from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,8 @@ class Chunk:
 
     @property
     def contents(self) -> str:
-        """Title and body joined the way Anserini's BEIR "flat" collections index them."""
-        return f"{self.title} {self.text}".strip()
+        """What every stage reads of this chunk (:func:`engine.text.chunk_text`)."""
+        return chunk_text(self.title, self.text)
 
 
 class DocStore:

@@ -19,6 +19,7 @@ import struct
 import zlib
 from pathlib import Path
 
+from engine.errors import ServiceError
 from engine.store.index_dir import IndexDirError
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,11 @@ _HEADER = struct.Struct("<II")
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
-class StorageFull(OSError):
-    """No room for the record (disk full, quota, file-size limit): nothing was logged."""
+class StorageFull(ServiceError, OSError):
+    """No room for the record (disk full, quota, file-size limit): nothing was logged, so the caller
+    may retry once there is room (507)."""
+
+    status, jsonrpc_code = 507, -32003
 
 
 def fsync_dir(path: Path) -> None:

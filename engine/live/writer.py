@@ -36,8 +36,10 @@ from typing import Protocol
 import numpy as np
 
 from engine.documents import DocumentIn, unit_id
+from engine.errors import INVALID_PARAMS, ServiceError
 from engine.store.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense
 from engine.store.wal import WriteAheadLog, fsync_dir
+from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "writer.lock"
@@ -61,13 +63,21 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
-class DocumentNotFound(KeyError):
+class DocumentNotFound(ServiceError, KeyError):
     """No document with that id (nothing was changed)."""
 
+    status, jsonrpc_code = 404, INVALID_PARAMS
 
-class NotYetSearchable(RuntimeError):
+    def __str__(self) -> str:
+        return f"no document {self.args[0]!r}"
+
+
+class NotYetSearchable(ServiceError, RuntimeError):
     """The write is logged (acknowledged, durable) but applying it to the stores failed; it is
-    retried at every refresh and replayed at the next start."""
+    retried at every refresh and replayed at the next start (``?refresh=wait_for`` could not be
+    honoured: 503)."""
+
+    status, jsonrpc_code = 503, -32004
 
 
 class ViewLock:
@@ -156,7 +166,7 @@ class LiveIndex:
         payload = document.model_dump(mode="json")
         for chunk in payload["chunks"]:
             chunk["title"] = payload["document_name"]
-        texts = [f"{c['title']} {c['content']}".strip() for c in payload["chunks"]]
+        texts = [chunk_text(c["title"], c["content"]) for c in payload["chunks"]]
         vectors = self.engine.encode_texts(texts)
         with self._write:
             old_rows = self._rows_of(document.document_id)
@@ -294,7 +304,7 @@ class LiveIndex:
             return
         doc = record["document"]
         units = [
-            (unit_id(doc["document_id"], c["chunk_id"]), f"{c['title']} {c['content']}".strip()) for c in doc["chunks"]
+            (unit_id(doc["document_id"], c["chunk_id"]), chunk_text(c["title"], c["content"])) for c in doc["chunks"]
         ]
         bm25.replace(doc["document_id"], units)
 
