@@ -115,3 +115,32 @@ def test_bench_engine_reports_stages_and_the_depth_each_budget_allows(index_dir,
     assert budget["rerank_ms_per_pair"] is not None
     fits = budget["deepest_depth_within_p95_ms"]
     assert fits["1000"] in (0, 2, 4) and all(d is None or d <= fits["1000"] for d in fits.values())
+
+
+def test_every_setting_a_server_reads_is_a_serve_flag_with_its_description(capsys):
+    from serving.settings import PARTS
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    from cli.flags import FLAG_NAMES
+
+    for part in ("engine", "serving", "security", "telemetry", "agents", "scale_out"):
+        for name, field in PARTS[part].model_fields.items():
+            flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+            assert flag in out, f"serve has no {flag} for {part}.{name}"
+            assert " ".join(field.description.split())[:40] in out, f"{flag}'s help is not its setting's"
+    assert "--rerank-depth RERANK_DEPTH" in out and "(default 4)" in out  # max_in_flight's default, shown
+
+
+def test_settings_in_toml_tables_and_a_clear_error_for_an_unknown_name(tmp_path, capsys):
+    from cli.flags import settings_from
+
+    toml = tmp_path / "hs.toml"
+    toml.write_text("[engine]\nrerank_depth = 12\n[serving]\nmax_in_flight = 6\n")
+    s = settings_from(build_parser().parse_args(["--config", str(toml), "serve", "--rerank-blend", "0.25"]))
+    assert (s.engine.rerank_depth, s.serving.max_in_flight, s.engine.rerank_blend) == (12, 6, 0.25)
+    toml.write_text("rerank_dept = 12\n")
+    assert main(["--config", str(toml), "search", "q"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid settings: rerank_dept: Extra inputs are not permitted" in err and "Traceback" not in err
