@@ -88,7 +88,9 @@ AS_LOADED = SearchOptions()
 @dataclass
 class StageResult:
     """Every stage's ranking for one query, for evaluation and latency reports. ``fused`` is the
-    fusion used (``fusion``: the learned model, None for ``rrf``)."""
+    fusion used (``fusion``: the learned model, None for ``rrf``). ``chunks`` and ``cosines`` (query
+    and chunk, without a calibrated fusion) cover the fused head, read in the same view of the index
+    as the rankings, so that a write landing before the answer is built cannot take a row from it."""
 
     bm25: list[tuple[str, float]]
     dense: list[tuple[str, float]]
@@ -101,6 +103,7 @@ class StageResult:
     query_vector: np.ndarray | None = None
     chunks: dict[str, Chunk] = field(default_factory=dict)
     fusion: LearnedFusion | None = None
+    cosines: dict[str, float] = field(default_factory=dict)
 
     @property
     def retrieved(self) -> dict[str, list[tuple[str, float]]]:
@@ -342,6 +345,8 @@ class HybridEngine:
             chunks = self.store.chunks(d for d, _ in fused[:depth])
             if self.follower is not None:  # the shared store may have dropped what this view still holds
                 fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
+            head = [d for d, _ in fused[:depth]] if fusion is None or fusion.calibration is None else []
+            cosines = dict(zip(head, self.dense.similarity(vector, head), strict=True))
             t3 = time.perf_counter()
         seconds.update(bm25=t1 - t0, encode=t_enc - t1, dense=t_dense - t_enc, memory=t2 - t_dense, fusion=t3 - t2)
         reranked, rerank_scores = None, {}
@@ -364,7 +369,9 @@ class HybridEngine:
             "rerank": (depth, None if reranked is None else len(reranked)),
         }
         telemetry.record_stages(t0, seconds, top_k, asked_found)
-        return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion)
+        return StageResult(
+            bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines
+        )
 
     def rerank(
         self,
@@ -460,23 +467,24 @@ class HybridEngine:
         judgments it is a similarity, not a probability."""
         calibration = result.fusion.calibration if result.fusion is not None else None
         if calibration is None:
-            cosines = self.dense.similarity(result.query_vector, [d for d, _ in ranking])
+            cosines = [result.cosines[d] for d, _ in ranking]
             return list(itertools.accumulate((min(1.0, max(0.0, c)) for c in cosines), min))
         fused = dict(result.fused)
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 
     def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> list[Hit]:
+        """The answer: ``result``'s top ``top_k`` (at most the ``top_k`` it was run for), built only from
+        what :meth:`stages` read under the view lock."""
         bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
         dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
         memory = {d: r for r, (d, _) in enumerate(result.memory, start=1)}
         fused = dict(result.fused)
         ranking = (result.reranked if result.reranked is not None else result.fused)[:top_k]
-        chunks = {**self.store.chunks(d for d, _ in ranking if d not in result.chunks), **result.chunks}
         hits = []
         for (doc_id, score), similarity in zip(ranking, self.similarity(result, ranking), strict=True):
             if similarity_threshold is not None and similarity < similarity_threshold:
                 continue
-            chunk = chunks[doc_id]
+            chunk = result.chunks[doc_id]  # read with the rankings: the store may have changed since
             b_rank, b_score = bm25.get(doc_id, (None, None))
             d_rank, d_score = dense.get(doc_id, (None, None))
             hits.append(
