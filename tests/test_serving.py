@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 
 import httpx
@@ -339,3 +340,52 @@ def test_a_query_past_the_time_limit_fails_cleanly(engine):
         )
     finally:
         service.close()
+
+
+class _GatedReranker:
+    """A reranker handed to the engine (its extension point) that holds each search in its thread
+    until the test opens the gate: a search that outlives its time limit, every time."""
+
+    name, device, runtime, max_length, memory_context = "gated", "cpu", "test", 64, 0
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        self.gate.wait()
+        return [-float(i) for i in range(len(passages))]  # the fused order
+
+
+def test_a_timed_out_search_holds_its_slot_until_its_thread_ends(index_dir):
+    from engine.config import Settings
+    from engine.documents import SearchRequest
+    from engine.search.hybrid import HybridEngine
+    from serving.admission import Overloaded
+    from serving.search_service import QueryTimeout, SearchService
+
+    reranker = _GatedReranker()
+    settings = Settings(index_dir=index_dir, device="cpu", query_timeout_s=1, max_in_flight=1, max_queue_s=0)
+    engine = HybridEngine(settings, reranker=reranker)
+    service = SearchService(settings, engine=engine)
+    request = SearchRequest(query="vitamin d and falls", top_k=3)
+
+    def in_flight() -> float:
+        return service.registry.get_sample_value("admission_in_flight")
+
+    async def run() -> None:
+        with pytest.raises(QueryTimeout):  # the caller hears on time, though its thread still runs
+            await service.search(request, door="test")
+        assert not reranker.gate.is_set() and in_flight() == 1
+        with pytest.raises(Overloaded):  # refused where it can be seen, not queued behind that thread
+            await service.search(request, door="test")
+        reranker.gate.set()
+        while in_flight():  # the slot comes back once the thread has ended
+            await asyncio.sleep(0.01)
+        assert len(await service.search(request, door="test")) == 3
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        reranker.gate.set()
+        service.close()
+        engine.close()
