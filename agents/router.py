@@ -2,7 +2,8 @@
 
 Every failure is an ERROR_MESSAGE with a code from the protocol's table, never a stack trace. A
 failure whose code says ``retry_possible`` is retried with bounded exponential backoff before it
-is returned. Each agent's counters (messages, errors, mean time, last heartbeat) feed its health.
+is returned, a timeout excepted (:meth:`Router._deliver` says why). Each agent's counters
+(messages, errors, mean time, last heartbeat) feed its health.
 """
 
 from __future__ import annotations
@@ -181,6 +182,11 @@ class Router:
         return reply
 
     async def _deliver(self, agent: Agent, message: Message, payload: BaseModel) -> Message:
+        """The agent's reply. A retryable failure is tried again after a backoff, but a timeout is
+        answered at once: the timed-out try may still be running (an agent's thread cannot be
+        cancelled), so a second try would run beside it, doubling the load on a server already too
+        slow, while the sender, having waited one time limit, waits another. As with gRPC deadlines,
+        the sender decides: TIMEOUT says ``retry_possible``, to retry later after its own backoff."""
         for attempt in range(self.retries + 1):
             try:
                 kind, body = await asyncio.wait_for(agent.handle(message, payload), timeout=self.timeout_s)
@@ -198,7 +204,7 @@ class Router:
             except Exception as exc:  # an agent's bug must come back as an error message, not a crash
                 log.exception("agent %s failed on %s", agent.agent_id, message.trace_id)
                 failure = AgentError(ErrorCode.INTERNAL, f"{agent.agent_id} failed: {type(exc).__name__}")
-            if not ERRORS[failure.code][0] or attempt == self.retries:
+            if failure.code is ErrorCode.TIMEOUT or not ERRORS[failure.code][0] or attempt == self.retries:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
         return self.error(failure.code, str(failure), message, message.trace_id)
