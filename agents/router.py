@@ -87,14 +87,14 @@ class Router:
         agent = self.agents.get(agent_id)
         return None if agent is None else self.stats[agent_id].health(agent)
 
-    def error(
+    async def error(
         self, code: ErrorCode, text: str, original: dict | Message, trace_id: str | None = None, to: str | None = None
     ) -> Message:
         """An ERROR_MESSAGE from the router about ``original`` (a Message or what was sent)."""
         raw = original.model_dump() if isinstance(original, Message) else original
         kind = _fits(raw.get("type"), 64) or "unknown"
         trace = trace_id or _fits(raw.get("trace_id"), 200)
-        trace = trace or self.traces.new_trace_id("ERROR_MESSAGE")
+        trace = trace or await self.traces.new_trace_id("ERROR_MESSAGE")
         retry, action = ERRORS[code]
         payload = ErrorPayload(
             error_code=code,
@@ -117,10 +117,10 @@ class Router:
             payload=payload.model_dump(mode="json"),
         )
 
-    def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
+    async def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
         """An error about a message that never reached an agent, stored with what was sent."""
         with _message_span(raw) as span:
-            reply = self.error(code, text, raw if isinstance(raw, dict) else {})
+            reply = await self.error(code, text, raw if isinstance(raw, dict) else {})
             self.traces.add(reply, outcome=code.value)
             _answered(span, reply)
         return reply
@@ -138,10 +138,10 @@ class Router:
         try:
             message = raw if isinstance(raw, Message) else Message.model_validate(raw)
         except ValidationError as exc:
-            return self.refuse(ErrorCode.INVALID_MESSAGE, problems(exc, "message"), raw)
+            return await self.refuse(ErrorCode.INVALID_MESSAGE, problems(exc, "message"), raw)
         if message.trace_id is None:
             conversation = message.metadata.get("conversation_id")
-            message.trace_id = self.traces.new_trace_id(
+            message.trace_id = await self.traces.new_trace_id(
                 message.type, conversation if isinstance(conversation, str) else None
             )
         model = PAYLOADS.get(message.type)
@@ -166,7 +166,7 @@ class Router:
                 problem = (ErrorCode.INVALID_MESSAGE, f"payload: {problems(exc, 'message')}")
         self.traces.add(message, outcome="received" if problem is None else problem[0].value)
         if problem is not None:
-            reply = self.error(*problem, message)
+            reply = await self.error(*problem, message)
             self.traces.add(reply, outcome=problem[0].value)
             return reply
         reply = await self._deliver(agent, message, payload)
@@ -207,7 +207,7 @@ class Router:
             if failure.code is ErrorCode.TIMEOUT or not ERRORS[failure.code][0] or attempt == self.retries:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
-        return self.error(failure.code, str(failure), message, message.trace_id)
+        return await self.error(failure.code, str(failure), message, message.trace_id)
 
 
 def _fits(value: object, limit: int) -> str | None:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import threading
 
@@ -345,6 +346,31 @@ def test_a_timed_out_try_is_not_retried_while_it_still_runs(tmp_path):
     reply = asyncio.run(send())
     assert reply.payload["error_code"] == "TIMEOUT" and reply.payload["retry_possible"] is True
     assert stuck.tries == 1  # the sender retries later, as the error says; the router did not pile on
+
+
+def test_trace_rows_are_written_off_the_event_loop_in_order_and_kept_at_close(tmp_path):
+    from agents.router import Router
+    from agents.traces import TraceStore
+
+    path = tmp_path / "t.sqlite"
+    router = Router(TraceStore(path))
+    router.register(_Flaky("fine", 0))
+    writer = sqlite3.connect(path, isolation_level=None)  # another process writing the file holds its lock
+    writer.execute("BEGIN IMMEDIATE")
+
+    async def send_three():
+        sent = (_msg("RETRIEVAL_REQUEST", {"query": "q"}, receiver="fine", trace_id=f"t-{i}") for i in range(3))
+        return [await router.send(message) for message in sent]
+
+    try:  # answered while no row can be written: the event loop never waited on SQLite
+        assert [reply.type for reply in asyncio.run(send_three())] == ["RETRIEVAL_RESULT"] * 3
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    router.traces.close()  # writes what is still queued first
+    with sqlite3.connect(path) as stored:
+        rows = stored.execute("SELECT trace_id, type FROM messages ORDER BY id").fetchall()
+    assert rows == [(f"t-{i}", kind) for i in range(3) for kind in ("RETRIEVAL_REQUEST", "RETRIEVAL_RESULT")]
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
