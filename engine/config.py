@@ -155,6 +155,12 @@ class Settings(BaseSettings):
     max_queue_s: float = Field(
         2.0, ge=0, description="longest a request waits for a slot before a fast 503 with Retry-After (0: none)"
     )
+    mcp_resume_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="bytes of MCP stream events kept in memory (their JSON, all sessions together) so that a client"
+        " whose stream dropped can resume with Last-Event-ID; the oldest go first (0: none kept)",
+    )
 
     # scale-out on Ray (`serve --ray`, `build --ray`)
     ray_address: str | None = Field(None, description="Ray cluster to join, e.g. 10.0.0.5:6379 (default: start one)")

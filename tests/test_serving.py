@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from agents.door_load import a2a_v03_send
-from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
 from tests.helpers import a2a_v1_send, only_doc_ids
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
@@ -160,28 +160,67 @@ def _sse(lines: Iterable[str]) -> Iterator[dict]:
         event[field] = value.removeprefix(" ")
 
 
+_POSTS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def _mcp_session(http: httpx.Client, url: str) -> dict:
+    """Open a session over raw HTTP; the headers its requests carry."""
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=_POSTS)
+    session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=_POSTS | session)
+    return session
+
+
+def _mcp_search(http: httpx.Client, url: str, session: dict, request_id: int, top_k: int = 2) -> tuple[dict, dict]:
+    """One search tool call's stream: its priming event and its answer."""
+    call = {"name": "search_nfcorpus", "arguments": {"query": "soy prostate", "top_k": top_k}}
+    reply = http.post(
+        url, json={"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call}, headers=_POSTS | session
+    )
+    priming, *_, answer = list(_sse(reply.text.splitlines() + [""]))
+    return priming, answer
+
+
+def _resumed(http: httpx.Client, url: str, session: dict, last_event_id: str) -> dict | None:
+    """The first event replayed to a client resuming after ``last_event_id`` (priming ones left out),
+    or None when the stream ends without one (the store no longer has that event)."""
+    resume = session | {"accept": "text/event-stream", "last-event-id": last_event_id}
+    with http.stream("GET", url, headers=resume) as resumed:
+        return next((event for event in _sse(resumed.iter_lines()) if event.get("data")), None)
+
+
 def test_an_mcp_stream_that_dropped_resumes_with_last_event_id(server):
     url = server["mcp"] + "/mcp"
-    posts = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-    call = {"name": "search_nfcorpus", "arguments": {"query": "soy prostate", "top_k": 2}}
     with httpx.Client(timeout=60) as http:
-        opened = http.post(
-            url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=posts
-        )
-        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-        http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=posts | session)
-        reply = http.post(
-            url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}, headers=posts | session
-        )
-        priming, *_, answer = list(_sse(reply.text.splitlines() + [""]))
+        session = _mcp_session(http, url)
+        priming, answer = _mcp_search(http, url, session, 2)
         assert priming["data"] == "" and priming["retry"] == "1000" and priming["id"]
         assert json.loads(answer["data"])["result"]["structuredContent"]["results"]
         # as if the stream had dropped right after its priming event: the client resumes from there
-        resume = session | {"accept": "text/event-stream", "last-event-id": priming["id"]}
-        with http.stream("GET", url, headers=resume) as resumed:
-            replayed = next(event for event in _sse(resumed.iter_lines()) if event.get("data"))
+        replayed = _resumed(http, url, session, priming["id"])
         assert json.loads(replayed["data"]) == json.loads(answer["data"])
+
+
+def test_the_mcp_resume_store_keeps_the_newest_answers_within_its_bytes(index_dir, tmp_path, monkeypatch):
+    budget = 16 << 10
+    monkeypatch.setenv("HYBRID_SEARCH_MCP_RESUME_BYTES", str(budget))
+    port = free_port()
+    args = serve_args(index_dir, port, "--read-only", "--trace-db", str(tmp_path / "t.sqlite"))
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        with httpx.Client(timeout=60) as http:
+            session = _mcp_session(http, url)
+            first, answer = _mcp_search(http, url, session, 2, top_k=10)
+            assert 2 * len(answer["data"]) < budget  # one answer fits, with room to spare
+            for request_id in range(3, 4 + budget // len(answer["data"])):  # more answers than fit
+                last, answer = _mcp_search(http, url, session, request_id, top_k=10)
+            assert _resumed(http, url, session, first["id"]) is None  # the oldest went first
+            assert json.loads(_resumed(http, url, session, last["id"])["data"]) == json.loads(answer["data"])
+    finally:
+        assert stop_server(proc) == 0
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
 def test_mcp_over_stdio(index_dir):
