@@ -2,7 +2,8 @@
 
 Every failure is an ERROR_MESSAGE with a code from the protocol's table, never a stack trace. A
 failure whose code says ``retry_possible`` is retried with bounded exponential backoff before it
-is returned. Each agent's counters (messages, errors, mean time, last heartbeat) feed its health.
+is returned, a timeout excepted (:meth:`Router._deliver` says why). Each agent's counters
+(messages, errors, mean time, last heartbeat) feed its health.
 """
 
 from __future__ import annotations
@@ -86,14 +87,14 @@ class Router:
         agent = self.agents.get(agent_id)
         return None if agent is None else self.stats[agent_id].health(agent)
 
-    def error(
+    async def error(
         self, code: ErrorCode, text: str, original: dict | Message, trace_id: str | None = None, to: str | None = None
     ) -> Message:
         """An ERROR_MESSAGE from the router about ``original`` (a Message or what was sent)."""
         raw = original.model_dump() if isinstance(original, Message) else original
         kind = _fits(raw.get("type"), 64) or "unknown"
         trace = trace_id or _fits(raw.get("trace_id"), 200)
-        trace = trace or self.traces.new_trace_id("ERROR_MESSAGE")
+        trace = trace or await self.traces.new_trace_id("ERROR_MESSAGE")
         retry, action = ERRORS[code]
         payload = ErrorPayload(
             error_code=code,
@@ -116,10 +117,10 @@ class Router:
             payload=payload.model_dump(mode="json"),
         )
 
-    def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
+    async def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
         """An error about a message that never reached an agent, stored with what was sent."""
         with _message_span(raw) as span:
-            reply = self.error(code, text, raw if isinstance(raw, dict) else {})
+            reply = await self.error(code, text, raw if isinstance(raw, dict) else {})
             self.traces.add(reply, outcome=code.value)
             _answered(span, reply)
         return reply
@@ -137,10 +138,10 @@ class Router:
         try:
             message = raw if isinstance(raw, Message) else Message.model_validate(raw)
         except ValidationError as exc:
-            return self.refuse(ErrorCode.INVALID_MESSAGE, problems(exc, "message"), raw)
+            return await self.refuse(ErrorCode.INVALID_MESSAGE, problems(exc, "message"), raw)
         if message.trace_id is None:
             conversation = message.metadata.get("conversation_id")
-            message.trace_id = self.traces.new_trace_id(
+            message.trace_id = await self.traces.new_trace_id(
                 message.type, conversation if isinstance(conversation, str) else None
             )
         model = PAYLOADS.get(message.type)
@@ -165,7 +166,7 @@ class Router:
                 problem = (ErrorCode.INVALID_MESSAGE, f"payload: {problems(exc, 'message')}")
         self.traces.add(message, outcome="received" if problem is None else problem[0].value)
         if problem is not None:
-            reply = self.error(*problem, message)
+            reply = await self.error(*problem, message)
             self.traces.add(reply, outcome=problem[0].value)
             return reply
         reply = await self._deliver(agent, message, payload)
@@ -181,6 +182,11 @@ class Router:
         return reply
 
     async def _deliver(self, agent: Agent, message: Message, payload: BaseModel) -> Message:
+        """The agent's reply. A retryable failure is tried again after a backoff, but a timeout is
+        answered at once: the timed-out try may still be running (an agent's thread cannot be
+        cancelled), so a second try would run beside it, doubling the load on a server already too
+        slow, while the sender, having waited one time limit, waits another. As with gRPC deadlines,
+        the sender decides: TIMEOUT says ``retry_possible``, to retry later after its own backoff."""
         for attempt in range(self.retries + 1):
             try:
                 kind, body = await asyncio.wait_for(agent.handle(message, payload), timeout=self.timeout_s)
@@ -198,10 +204,10 @@ class Router:
             except Exception as exc:  # an agent's bug must come back as an error message, not a crash
                 log.exception("agent %s failed on %s", agent.agent_id, message.trace_id)
                 failure = AgentError(ErrorCode.INTERNAL, f"{agent.agent_id} failed: {type(exc).__name__}")
-            if not ERRORS[failure.code][0] or attempt == self.retries:
+            if failure.code is ErrorCode.TIMEOUT or not ERRORS[failure.code][0] or attempt == self.retries:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
-        return self.error(failure.code, str(failure), message, message.trace_id)
+        return await self.error(failure.code, str(failure), message, message.trace_id)
 
 
 def _fits(value: object, limit: int) -> str | None:

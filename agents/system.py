@@ -31,7 +31,7 @@ async def rag_turn(router: Router, request: RagRequest) -> dict:
     """RETRIEVAL_REQUEST → RETRIEVAL_RESULT → RESPONSE_REQUEST → RESPONSE_RESULT; returns every
     message of the turn (or the error that stopped it) and the trace ids they share."""
     question, history = request.question, [turn.model_dump() for turn in request.conversation_history]
-    conversation = request.conversation_id or router.traces.new_trace_id("RAG")
+    conversation = request.conversation_id or await router.traces.new_trace_id("RAG")
     meta = {"conversation_id": conversation}
     retrieval_request = {"query": question, "top_k": request.top_k}
     if request.filters is not None:

@@ -5,15 +5,21 @@ sender gives none; the messages of one conversation share a base and carry suffi
 (``ret-rag-conversation-123-002``). Payloads are masked before they are stored: e-mail
 addresses, phone numbers, bearer tokens and API keys, and any configured pattern. Each row also
 keeps the OpenTelemetry trace id of the request it was handled in (``otel_trace_id``).
+
+Every commit is fsynced, which can take milliseconds (or seconds behind another process's write), so
+SQLite runs on the store's one thread, never on the event loop: rows are queued in order and written
+in batches, a reader sees every row added before it asked, and closing writes what is still queued.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import sqlite3
-import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -78,7 +84,8 @@ class TraceStore:
         self.path = Path(path)
         self.max_age, self.max_messages = timedelta(days=max_age_days), max_messages
         self.mask = masker or Masker()
-        self._lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traces")  # all SQLite, in order
+        self._rows: deque[tuple] = deque()  # added, not yet written
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -93,11 +100,15 @@ class TraceStore:
         self._conn.execute("CREATE INDEX IF NOT EXISTS messages_by_otel_trace ON messages(otel_trace_id)")
         self._since_prune = 0
 
-    def new_trace_id(self, message_type: str, conversation: str | None = None) -> str:
-        """``<prefix>-<YYYYMMDD>-<seq>``, or ``<prefix>-<conversation>-<seq>`` within one conversation."""
+    async def new_trace_id(self, message_type: str, conversation: str | None = None) -> str:
+        """``<prefix>-<YYYYMMDD>-<seq>``, or ``<prefix>-<conversation>-<seq>`` within one conversation;
+        the counter is the file's, so processes sharing it never hand out one id twice."""
+        return await asyncio.wrap_future(self._thread.submit(self._next_id, message_type, conversation))
+
+    def _next_id(self, message_type: str, conversation: str | None) -> str:
         prefix = PREFIXES.get(message_type, "sys")
         scope = conversation or datetime.now(UTC).strftime("%Y%m%d")
-        with self._lock:
+        try:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute(
                 "INSERT INTO counters VALUES (?, ?, 1) ON CONFLICT(day, prefix) DO UPDATE SET seq = seq + 1",
@@ -107,32 +118,53 @@ class TraceStore:
                 "SELECT seq FROM counters WHERE day = ? AND prefix = ?", (scope, prefix)
             ).fetchone()[0]
             self._conn.execute("COMMIT")
+        except sqlite3.Error:  # the connection is shared by every write: leave it out of a transaction
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
         return f"{prefix}-{scope}-{seq:03d}" if conversation else f"{prefix}-{scope}-{seq:06d}"
 
     def add(self, message: Message, outcome: str, duration_ms: float | None = None) -> None:
-        """Store ``message`` masked, with the OpenTelemetry trace id of the span it was handled in."""
-        body = message.model_dump(mode="json")
-        # the envelope's ids and times are ours, not personal data (masks would take their digits)
-        body |= {part: self.mask(body[part]) for part in ("payload", "metadata")}
-        with self._lock:
-            self._conn.execute(
+        """Queue ``message`` to be stored masked, with the OpenTelemetry trace id of the span it was
+        handled in (read here: the span is this thread's)."""
+        self._rows.append((message.model_dump(mode="json"), outcome, duration_ms, current_trace_id()))
+        self._thread.submit(self._write)
+
+    def _write(self) -> None:
+        """Every queued row in one transaction: rows that arrived during the last fsync share the next."""
+        rows = [self._rows.popleft() for _ in range(len(self._rows))]
+        if not rows:  # an earlier call wrote them
+            return
+        try:
+            self._conn.execute("BEGIN")
+            self._conn.executemany(
                 "INSERT INTO messages (trace_id, type, sender, receiver, timestamp, duration_ms, outcome, body,"
                 " otel_trace_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    message.trace_id,
-                    message.type,
-                    message.sender,
-                    message.receiver,
-                    body["timestamp"],
-                    duration_ms,
-                    outcome,
-                    json.dumps(body),
-                    current_trace_id(),
-                ),
+                [self._row(*row) for row in rows],
             )
-            self._since_prune += 1
+            self._since_prune += len(rows)
             if self._since_prune >= 100:
                 self._prune()
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # a full disk, a lock held too long: the requests they record go on
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            log.warning("could not store %d trace rows (%s)", len(rows), exc)
+
+    def _row(self, body: dict, outcome: str, duration_ms: float | None, otel_trace_id: str | None) -> tuple:
+        # the envelope's ids and times are ours, not personal data (masks would take their digits)
+        body |= {part: self.mask(body[part]) for part in ("payload", "metadata")}
+        return (
+            body["trace_id"],
+            body["type"],
+            body["sender"],
+            body["receiver"],
+            body["timestamp"],
+            duration_ms,
+            outcome,
+            json.dumps(body),
+            otel_trace_id,
+        )
 
     def _prune(self) -> None:
         self._since_prune = 0
@@ -144,7 +176,11 @@ class TraceStore:
         self, limit: int = 50, agent: str | None = None, type_: str | None = None, errors: bool = False
     ) -> list[dict]:
         """The newest traces (one row each: first message, count, outcome, span, and the
-        OpenTelemetry traces its messages were handled in)."""
+        OpenTelemetry traces its messages were handled in); blocks until the rows queued before it
+        are written (call it off the event loop)."""
+        return self._thread.submit(self._recent, limit, agent, type_, errors).result()
+
+    def _recent(self, limit: int, agent: str | None, type_: str | None, errors: bool) -> list[dict]:
         where, args = [], []
         if agent:
             where.append("(sender = ? OR receiver = ?)")
@@ -177,7 +213,10 @@ class TraceStore:
     def trace(self, trace_id: str) -> list[dict]:
         """Every message of a trace in order, with its outcome and duration; a conversation's id
         gives every trace of that conversation (``ret-<id>-001``, ``llm-<id>-001``, ...), and an
-        OpenTelemetry trace id the messages handled in that trace."""
+        OpenTelemetry trace id the messages handled in that trace. Blocks as :meth:`recent` does."""
+        return self._thread.submit(self._trace, trace_id).result()
+
+    def _trace(self, trace_id: str) -> list[dict]:
         pattern = "%-" + trace_id.replace("%", "").replace("_", "\\_") + "-%"
         rows = self._conn.execute(
             "SELECT body, outcome, duration_ms, otel_trace_id FROM messages"
@@ -187,5 +226,6 @@ class TraceStore:
         return [{**json.loads(body), "outcome": o, "duration_ms": d, "otel_trace_id": ot} for body, o, d, ot in rows]
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Write the rows still queued, then close."""
+        self._thread.submit(self._conn.close)
+        self._thread.shutdown()

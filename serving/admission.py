@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -57,6 +57,16 @@ class Admission:
     @contextlib.asynccontextmanager
     async def slot(self, door: str) -> AsyncIterator[None]:
         """Hold a slot for the block; :class:`Overloaded` when none frees up within the queue time."""
+        release = await self.acquire(door)
+        try:
+            yield
+        finally:
+            release()
+
+    async def acquire(self, door: str) -> Callable[[], None]:
+        """A slot and the call that gives it back, for work that outlives its caller (a thread left
+        running past its time limit keeps its slot, so admission still sees it); :class:`Overloaded`
+        when none frees up within the queue time."""
         started = time.perf_counter()
         self._queue += 1
         self.waiting.inc()
@@ -74,12 +84,13 @@ class Admission:
         admitted = time.perf_counter()
         self.queued.observe(admitted - started)
         self.in_flight.inc()
-        try:
-            yield
-        finally:
+
+        def release() -> None:
             self.in_flight.dec()
             self._slots.release()
             self._busy_s = 0.8 * self._busy_s + 0.2 * (time.perf_counter() - admitted)
+
+        return release
 
     def retry_after(self) -> int:
         """Whole seconds until the queue now waiting has likely drained (at least 1)."""

@@ -148,7 +148,11 @@ def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) 
     )
     routes, lifespan = rest.routes(service, door), None
     if mcp:
-        resumable = {} if stateless else {"event_store": RecentEvents(), "retry_interval": RETRY_MS}
+        resumable = (
+            {}
+            if stateless
+            else {"event_store": RecentEvents(settings.serving.mcp_resume_bytes), "retry_interval": RETRY_MS}
+        )
         mcp_app = build_mcp_server(service).streamable_http_app(
             host=settings.serving.host, stateless_http=stateless, **resumable
         )

@@ -11,22 +11,28 @@ from mcp.server.streamable_http import EventCallback, EventId, EventMessage, Eve
 from mcp_types import JSONRPCMessage
 
 RETRY_MS = 1000  # how soon a client whose stream dropped should reconnect
+EVENT_BYTES = 128  # what an event holds besides its message: its ids, its entry in the store
 
 
 class RecentEvents(EventStore):
-    """The newest ``size`` events of all streams together; older ones are forgotten, and a client
-    resuming from one of those gets nothing replayed (it asks again, as without a store)."""
+    """The newest events of all streams together, at most ``max_bytes`` of them: bytes, not a count,
+    since one answer can be a few hundred bytes or megabytes. An event weighs its message's JSON
+    plus :data:`EVENT_BYTES`, so the empty priming events count too. The oldest are forgotten first,
+    and a client resuming from one of those gets nothing replayed (it asks again, as without a store)."""
 
-    def __init__(self, size: int = 2048) -> None:
-        self.size = size
-        self._events: OrderedDict[EventId, tuple[StreamId, JSONRPCMessage | None]] = OrderedDict()
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._events: OrderedDict[EventId, tuple[StreamId, JSONRPCMessage | None, int]] = OrderedDict()
+        self._bytes = 0
         self._ids = itertools.count(1)
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         event_id = str(next(self._ids))
-        self._events[event_id] = (stream_id, message)
-        while len(self._events) > self.size:
-            self._events.popitem(last=False)
+        size = EVENT_BYTES + (len(message.model_dump_json(by_alias=True, exclude_unset=True)) if message else 0)
+        self._events[event_id] = (stream_id, message, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            self._bytes -= self._events.popitem(last=False)[1][2]
         return event_id
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
@@ -35,7 +41,7 @@ class RecentEvents(EventStore):
         stream_id = self._events[last_event_id][0]
         after = itertools.dropwhile(lambda item: item[0] != last_event_id, list(self._events.items()))
         next(after)  # the last event the client has
-        for event_id, (stream, message) in after:
+        for event_id, (stream, message, _) in after:
             if stream == stream_id and message is not None:
                 await send_callback(EventMessage(message, event_id))
         return stream_id

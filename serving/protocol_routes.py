@@ -10,6 +10,7 @@ refused message is in the trace store and the audit log.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -137,14 +138,14 @@ class ProtocolDoor:
             status = STATUS.get(ErrorCode(message.payload["error_code"]), 503)
         return JSONResponse(message.model_dump(mode="json"), status_code=status, headers=headers)
 
-    def _refused(self, code: ErrorCode, text: str, raw: object, headers: dict | None = None) -> JSONResponse:
+    async def _refused(self, code: ErrorCode, text: str, raw: object, headers: dict | None = None) -> JSONResponse:
         audit.info("refused %s: %s", code.value, text)
-        return self._reply(self.router.refuse(code, text, raw), headers)
+        return self._reply(await self.router.refuse(code, text, raw), headers)
 
     async def _admit(self, request: Request) -> tuple[object, AgentKey | None, JSONResponse | None]:
         key, problem = self._caller(request)
         if problem:
-            return None, key, self._refused(*problem, {})
+            return None, key, await self._refused(*problem, {})
         waited = self._limited(
             key.agent_id if key else f"loopback:{request.client.host}", key.rate if key else self.default_rate
         )
@@ -153,7 +154,7 @@ class ProtocolDoor:
             return (
                 None,
                 key,
-                self._refused(
+                await self._refused(
                     ErrorCode.RATE_LIMITED, f"over the rate of {key.rate if key else self.default_rate}", {}, headers
                 ),
             )
@@ -162,13 +163,13 @@ class ProtocolDoor:
             raw = parse_json(body)
         except BodyError as exc:
             code = ErrorCode.PAYLOAD_TOO_LARGE if exc.status == 413 else ErrorCode.INVALID_MESSAGE
-            return None, key, self._refused(code, str(exc), {})
+            return None, key, await self._refused(code, str(exc), {})
         kind = raw.get("type") if isinstance(raw, dict) else None
         if kind != "DOCUMENT_INGESTION" and len(body) > self.max_message_bytes:
             return (
                 None,
                 key,
-                self._refused(
+                await self._refused(
                     ErrorCode.PAYLOAD_TOO_LARGE, f"a {kind or 'message'} over {self.max_message_bytes:,} bytes", raw
                 ),
             )
@@ -184,16 +185,16 @@ class ProtocolDoor:
             return refused
         if key is not None and isinstance(raw, dict):
             if raw.get("sender") != key.agent_id:
-                return self._refused(
+                return await self._refused(
                     ErrorCode.FORBIDDEN, f"this key sends as {key.agent_id!r}, not {raw.get('sender')!r}", raw
                 )
             if raw.get("type") not in key.message_types:
-                return self._refused(ErrorCode.FORBIDDEN, f"{key.agent_id} may not send {raw.get('type')!r}", raw)
+                return await self._refused(ErrorCode.FORBIDDEN, f"{key.agent_id} may not send {raw.get('type')!r}", raw)
         try:
             async with self._slot("messages"):
                 reply = await self.router.send(raw if isinstance(raw, dict) else {"payload": raw})
         except Overloaded as exc:
-            return self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
+            return await self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
         audit.info(
             "accepted %s from %s: %s",
             raw.get("type") if isinstance(raw, dict) else "?",
@@ -207,18 +208,18 @@ class ProtocolDoor:
         if refused:
             return refused
         if key is not None and key.agent_id != SYSTEM_ID:
-            return self._refused(
+            return await self._refused(
                 ErrorCode.FORBIDDEN, f"only {SYSTEM_ID} runs RAG turns; this key is {key.agent_id}", {}
             )
         try:
             turn_request = validated(RagRequest, raw)
         except BadRequest as exc:
-            return self._refused(ErrorCode.INVALID_MESSAGE, str(exc), {})
+            return await self._refused(ErrorCode.INVALID_MESSAGE, str(exc), {})
         try:
             async with self._slot("rag"):
                 turn = await rag_turn(self.router, turn_request)
         except Overloaded as exc:
-            return self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
+            return await self._refused(ErrorCode.OVERLOADED, str(exc), raw, {"Retry-After": str(exc.retry_after_s)})
         last = turn["messages"][-1]
         status = 200 if last["type"] != "ERROR_MESSAGE" else STATUS.get(ErrorCode(last["payload"]["error_code"]), 503)
         return JSONResponse(turn, status_code=status)
@@ -251,14 +252,16 @@ class ProtocolDoor:
             limit = min(500, max(1, int(q.get("limit", "50"))))
         except ValueError:
             return JSONResponse({"error": "'limit' must be an integer"}, status_code=422)
-        traces = self.router.traces.recent(limit, q.get("agent"), q.get("type"), q.get("errors") in ("1", "true"))
+        traces = await asyncio.to_thread(
+            self.router.traces.recent, limit, q.get("agent"), q.get("type"), q.get("errors") in ("1", "true")
+        )
         return JSONResponse({"traces": traces})
 
     async def get_trace(self, request: Request) -> Response:
         if not _loopback(request):
             return JSONResponse({"error": "traces are served to loopback clients only"}, status_code=403)
         trace_id = request.path_params["trace_id"]
-        messages = self.router.traces.trace(trace_id)
+        messages = await asyncio.to_thread(self.router.traces.trace, trace_id)
         if not messages:
             return JSONResponse({"error": f"no trace {trace_id!r}"}, status_code=404)
         return JSONResponse({"trace_id": trace_id, "messages": messages})

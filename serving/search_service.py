@@ -81,10 +81,13 @@ class SearchService:
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
         try:
-            async with self.admission.slot(door):
-                run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
-                future = loop.run_in_executor(self._pool, run, self._search, request, door)
-                return await asyncio.wait_for(future, timeout=self.settings.serving.query_timeout_s)
+            release = await self.admission.acquire(door)
+            run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
+            future = loop.run_in_executor(self._pool, run, self._search, request, door)
+            # the slot is the thread's: a thread cannot be stopped, and one freed at the time limit
+            # would let requests queue in the pool where admission cannot see them
+            future.add_done_callback(lambda _: release())
+            return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
         except Overloaded:
             self.errors.labels(door, "overloaded").inc()
             raise

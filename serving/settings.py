@@ -50,6 +50,12 @@ class ServingSettings(BaseModel):
     max_queue_s: float = Field(
         2.0, ge=0, description="seconds a request may wait for a slot before a fast 503 with Retry-After (0: none)"
     )
+    mcp_resume_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="bytes of MCP stream events kept in memory (their JSON, all sessions together) so that a client"
+        " whose stream dropped can resume with Last-Event-ID; the oldest go first (0: none kept)",
+    )
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest HTTP request body (more gets 413)")
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")

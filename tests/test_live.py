@@ -104,6 +104,39 @@ def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
     reopened.close()
 
 
+class _DeletingReranker:
+    """A reranker handed to the engine (its extension point) that deletes documents the first time it
+    scores: a write landing between retrieval and the answer, every time."""
+
+    name, device, runtime, max_length, memory_context = "deleting", "cpu", "test", 64, 0
+
+    def __init__(self, doomed: list[str]) -> None:
+        self.doomed, self.live = doomed, None
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        for document_id in self.doomed:
+            self.live.delete(document_id, wait=True)
+        self.doomed = []
+        return [-float(i) for i in range(len(passages))]  # the fused order
+
+
+def test_a_delete_between_retrieval_and_the_answer_never_fails_the_search(live_dir):
+    from engine.search import HybridEngine
+
+    reranker = _DeletingReranker([f"D-soy-{i}" for i in range(4)])
+    settings = EngineSettings(index_dir=live_dir, device="cpu", fusion="rrf")  # similarity: the dense cosine
+    engine = HybridEngine(settings, writable=True, reranker=reranker)
+    reranker.live = engine.live
+    try:
+        hits = engine.search("soy isoflavones prostate cancer", 5)
+        # answered from the view it retrieved in: the documents deleted meanwhile, scored as they were
+        assert len(hits) == 5 and hits[0].document_id.startswith("D-soy-")
+        assert all(0 <= h.similarity_score <= 1 for h in hits)
+        assert not any(h.document_id.startswith("D-soy-") for h in engine.search("soy isoflavones prostate", 5))
+    finally:
+        engine.close()
+
+
 def test_similarity_threshold_reads_the_calibrated_probability(engine):
     hits = engine.search("soy isoflavones prostate", 10)
     scores = [h.similarity_score for h in hits]

@@ -7,7 +7,9 @@ import asyncio
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
+import threading
 
 import httpx
 import pytest
@@ -306,6 +308,69 @@ def test_router_retries_times_out_and_contains_crashes(tmp_path):
     assert "RuntimeError" in crash.payload["error_message"] and "boom" not in crash.payload["error_message"]
     assert send("slow").payload["error_code"] == "TIMEOUT"
     assert router.health("broken")["error_rate"] == 1.0
+
+
+class _Stuck:
+    """An agent whose work runs in a thread, as the retrieval agent's does, and stays there until the
+    test lets it go: a try that outlives the router's time limit (a thread cannot be cancelled)."""
+
+    agent_id, agent_type, capabilities, message_types = "stuck", "test", [], {"RETRIEVAL_REQUEST"}
+
+    def __init__(self) -> None:
+        self.gate, self.tries = threading.Event(), 0
+
+    async def handle(self, message, payload):
+        from agents.messages import RetrievalResult
+
+        self.tries += 1
+        await asyncio.to_thread(self.gate.wait)
+        return "RETRIEVAL_RESULT", RetrievalResult(
+            query=payload.query, retrieved_chunks=[], total_results=0, search_duration_ms=0
+        )
+
+
+def test_a_timed_out_try_is_not_retried_while_it_still_runs(tmp_path):
+    from agents.router import Router
+    from agents.traces import TraceStore
+
+    router = Router(TraceStore(tmp_path / "t.sqlite"), retries=2, backoff_s=0.01, timeout_s=0.2)
+    stuck = _Stuck()
+    router.register(stuck)
+
+    async def send():
+        try:
+            return await router.send(_msg("RETRIEVAL_REQUEST", {"query": "q"}, receiver="stuck"))
+        finally:
+            stuck.gate.set()  # the abandoned thread ends, so the loop can close
+
+    reply = asyncio.run(send())
+    assert reply.payload["error_code"] == "TIMEOUT" and reply.payload["retry_possible"] is True
+    assert stuck.tries == 1  # the sender retries later, as the error says; the router did not pile on
+
+
+def test_trace_rows_are_written_off_the_event_loop_in_order_and_kept_at_close(tmp_path):
+    from agents.router import Router
+    from agents.traces import TraceStore
+
+    path = tmp_path / "t.sqlite"
+    router = Router(TraceStore(path))
+    router.register(_Flaky("fine", 0))
+    writer = sqlite3.connect(path, isolation_level=None)  # another process writing the file holds its lock
+    writer.execute("BEGIN IMMEDIATE")
+
+    async def send_three():
+        sent = (_msg("RETRIEVAL_REQUEST", {"query": "q"}, receiver="fine", trace_id=f"t-{i}") for i in range(3))
+        return [await router.send(message) for message in sent]
+
+    try:  # answered while no row can be written: the event loop never waited on SQLite
+        assert [reply.type for reply in asyncio.run(send_three())] == ["RETRIEVAL_RESULT"] * 3
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    router.traces.close()  # writes what is still queued first
+    with sqlite3.connect(path) as stored:
+        rows = stored.execute("SELECT trace_id, type FROM messages ORDER BY id").fetchall()
+    assert rows == [(f"t-{i}", kind) for i in range(3) for kind in ("RETRIEVAL_REQUEST", "RETRIEVAL_RESULT")]
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -7,13 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 
 import httpx
 import pytest
 
 from agents.door_load import a2a_v03_send
-from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
 from engine.settings import EngineSettings
 from tests.helpers import a2a_v1_send, only_doc_ids
 
@@ -160,28 +161,67 @@ def _sse(lines: Iterable[str]) -> Iterator[dict]:
         event[field] = value.removeprefix(" ")
 
 
+_POSTS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def _mcp_session(http: httpx.Client, url: str) -> dict:
+    """Open a session over raw HTTP; the headers its requests carry."""
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    opened = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=_POSTS)
+    session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=_POSTS | session)
+    return session
+
+
+def _mcp_search(http: httpx.Client, url: str, session: dict, request_id: int, top_k: int = 2) -> tuple[dict, dict]:
+    """One search tool call's stream: its priming event and its answer."""
+    call = {"name": "search_nfcorpus", "arguments": {"query": "soy prostate", "top_k": top_k}}
+    reply = http.post(
+        url, json={"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call}, headers=_POSTS | session
+    )
+    priming, *_, answer = list(_sse(reply.text.splitlines() + [""]))
+    return priming, answer
+
+
+def _resumed(http: httpx.Client, url: str, session: dict, last_event_id: str) -> dict | None:
+    """The first event replayed to a client resuming after ``last_event_id`` (priming ones left out),
+    or None when the stream ends without one (the store no longer has that event)."""
+    resume = session | {"accept": "text/event-stream", "last-event-id": last_event_id}
+    with http.stream("GET", url, headers=resume) as resumed:
+        return next((event for event in _sse(resumed.iter_lines()) if event.get("data")), None)
+
+
 def test_an_mcp_stream_that_dropped_resumes_with_last_event_id(server):
     url = server["mcp"] + "/mcp"
-    posts = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-    call = {"name": "search_nfcorpus", "arguments": {"query": "soy prostate", "top_k": 2}}
     with httpx.Client(timeout=60) as http:
-        opened = http.post(
-            url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=posts
-        )
-        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-        http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=posts | session)
-        reply = http.post(
-            url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}, headers=posts | session
-        )
-        priming, *_, answer = list(_sse(reply.text.splitlines() + [""]))
+        session = _mcp_session(http, url)
+        priming, answer = _mcp_search(http, url, session, 2)
         assert priming["data"] == "" and priming["retry"] == "1000" and priming["id"]
         assert json.loads(answer["data"])["result"]["structuredContent"]["results"]
         # as if the stream had dropped right after its priming event: the client resumes from there
-        resume = session | {"accept": "text/event-stream", "last-event-id": priming["id"]}
-        with http.stream("GET", url, headers=resume) as resumed:
-            replayed = next(event for event in _sse(resumed.iter_lines()) if event.get("data"))
+        replayed = _resumed(http, url, session, priming["id"])
         assert json.loads(replayed["data"]) == json.loads(answer["data"])
+
+
+def test_the_mcp_resume_store_keeps_the_newest_answers_within_its_bytes(index_dir, tmp_path, monkeypatch):
+    budget = 16 << 10
+    monkeypatch.setenv("HYBRID_SEARCH_MCP_RESUME_BYTES", str(budget))
+    port = free_port()
+    args = serve_args(index_dir, port, "--read-only", "--trace-db", str(tmp_path / "t.sqlite"))
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        with httpx.Client(timeout=60) as http:
+            session = _mcp_session(http, url)
+            first, answer = _mcp_search(http, url, session, 2, top_k=10)
+            assert 2 * len(answer["data"]) < budget  # one answer fits, with room to spare
+            for request_id in range(3, 4 + budget // len(answer["data"])):  # more answers than fit
+                last, answer = _mcp_search(http, url, session, request_id, top_k=10)
+            assert _resumed(http, url, session, first["id"]) is None  # the oldest went first
+            assert json.loads(_resumed(http, url, session, last["id"])["data"]) == json.loads(answer["data"])
+    finally:
+        assert stop_server(proc) == 0
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
 def test_mcp_over_stdio(index_dir):
@@ -339,3 +379,52 @@ def test_a_query_past_the_time_limit_fails_cleanly(engine):
         )
     finally:
         service.close()
+
+
+class _GatedReranker:
+    """A reranker handed to the engine (its extension point) that holds each search in its thread
+    until the test opens the gate: a search that outlives its time limit, every time."""
+
+    name, device, runtime, max_length, memory_context = "gated", "cpu", "test", 64, 0
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        self.gate.wait()
+        return [-float(i) for i in range(len(passages))]  # the fused order
+
+
+def test_a_timed_out_search_holds_its_slot_until_its_thread_ends(index_dir):
+    from engine.documents import SearchRequest
+    from engine.search import HybridEngine
+    from serving.admission import Overloaded
+    from serving.search_service import QueryTimeout, SearchService
+    from serving.settings import Settings
+
+    reranker = _GatedReranker()
+    settings = Settings(index_dir=index_dir, device="cpu", query_timeout_s=1, max_in_flight=1, max_queue_s=0)
+    engine = HybridEngine(settings.engine, reranker=reranker)
+    service = SearchService(settings, engine=engine)
+    request = SearchRequest(query="vitamin d and falls", top_k=3)
+
+    def in_flight() -> float:
+        return service.registry.get_sample_value("admission_in_flight")
+
+    async def run() -> None:
+        with pytest.raises(QueryTimeout):  # the caller hears on time, though its thread still runs
+            await service.search(request, door="test")
+        assert not reranker.gate.is_set() and in_flight() == 1
+        with pytest.raises(Overloaded):  # refused where it can be seen, not queued behind that thread
+            await service.search(request, door="test")
+        reranker.gate.set()
+        while in_flight():  # the slot comes back once the thread has ended
+            await asyncio.sleep(0.01)
+        assert len(await service.search(request, door="test")) == 3
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        reranker.gate.set()
+        service.close()
+        engine.close()

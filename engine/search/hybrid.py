@@ -293,13 +293,13 @@ class HybridEngine:
         judgments it is a similarity, not a probability."""
         calibration = result.fusion.calibration if result.fusion is not None else None
         if calibration is None:
-            cosines = self.dense.similarity(result.query_vector, [d for d, _ in ranking])
+            cosines = [result.cosines[d] for d, _ in ranking]
             return list(itertools.accumulate((min(1.0, max(0.0, c)) for c in cosines), min))
         fused = dict(result.fused)
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 
     def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> list[Hit]:
-        """The hits a door answers with: the first ``top_k`` of the served order, with their texts."""
+        """The answer: ``result``'s top ``top_k`` (at most the ``top_k`` it was run for), built only from
+        what :meth:`stages` read under the view lock (a write since cannot take a row from it)."""
         ranking = result.final[:top_k]
-        chunks = {**self.store.chunks(d for d, _ in ranking if d not in result.chunks), **result.chunks}
-        return make_hits(result, top_k, chunks, self.similarity(result, ranking), similarity_threshold)
+        return make_hits(result, top_k, result.chunks, self.similarity(result, ranking), similarity_threshold)

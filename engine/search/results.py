@@ -55,7 +55,9 @@ AS_LOADED = SearchOptions()
 @dataclass
 class StageResult:
     """Every stage's ranking for one query, for evaluation and latency reports. ``fused`` is the
-    fusion used (``fusion``: the learned model, None for ``rrf``)."""
+    fusion used (``fusion``: the learned model, None for ``rrf``). ``chunks`` and ``cosines`` (query
+    and chunk, without a calibrated fusion) cover the fused head, read in the same view of the index
+    as the rankings, so that a write landing before the answer is built cannot take a row from it."""
 
     bm25: Ranking
     dense: Ranking
@@ -68,6 +70,7 @@ class StageResult:
     query_vector: np.ndarray | None = None
     chunks: dict[str, Chunk] = field(default_factory=dict)
     fusion: LearnedFusion | None = None
+    cosines: dict[str, float] = field(default_factory=dict)
 
     @property
     def retrieved(self) -> dict[str, Ranking]:

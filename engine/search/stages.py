@@ -63,6 +63,8 @@ def run_stages(
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
         if engine.follower is not None:  # the shared store may have dropped what this view still holds
             fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
+        head = [d for d, _ in fused[:depth]] if fusion is None or fusion.calibration is None else []
+        cosines = dict(zip(head, engine.dense.similarity(vector, head), strict=True))
         watch.lap("fusion")
     reranked, rerank_scores = None, {}
     if reranker is not None and fused:
@@ -84,7 +86,9 @@ def run_stages(
         "rerank": (depth, None if reranked is None else len(reranked)),
     }
     telemetry.record_stages(watch.started, seconds, top_k, asked_found)
-    return StageResult(bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion)
+    return StageResult(
+        bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines
+    )
 
 
 def rerank(
