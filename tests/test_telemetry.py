@@ -286,7 +286,7 @@ def test_protocol_messages_are_spans_linked_to_the_trace_store(traced):
     )
     assert reply.status_code == 200
     protocol_trace = reply.json()["trace_id"]
-    spans = receiver.trace(trace_id, "POST /v1/messages", "message RETRIEVAL_REQUEST", *STAGES)
+    spans = receiver.trace(trace_id, "POST /v1/messages", "message RETRIEVAL_REQUEST", "search", *STAGES)
     server = _one(spans, "POST /v1/messages")
     assert server.parent == parent and server.attributes["door"] == "protocol"
     span = _one(spans, "message RETRIEVAL_REQUEST")
@@ -298,7 +298,9 @@ def test_protocol_messages_are_spans_linked_to_the_trace_store(traced):
         "protocol.trace_id": protocol_trace,
         "protocol.reply.type": "RETRIEVAL_RESULT",
     }
-    assert {s.parent for s in spans if s.name in STAGES} == {span.span_id}
+    search = _one(spans, "search")  # the agent searches by the one entry point every door uses
+    assert search.parent == span.span_id and search.attributes["door"] == "protocol"
+    assert {s.parent for s in spans if s.name in STAGES} == {search.span_id}
 
     stored = httpx.get(f"{url}/v1/traces/{protocol_trace}").json()["messages"]
     assert [m["type"] for m in stored] == ["RETRIEVAL_REQUEST", "RETRIEVAL_RESULT"]
