@@ -40,7 +40,7 @@ _calls = threading.Lock()  # instance calls on objects that are not one of a kin
 
 
 class IndexClosedError(RuntimeError):
-    """A search after ``close``."""
+    """A search or refresh after ``close``."""
 
 
 class _Java:
