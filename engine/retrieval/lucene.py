@@ -5,12 +5,27 @@ The fields, analyzer, query and tie-breaking are Anserini's (what pyserini's ``L
 broken by ``id``), so scores are the same as an index pyserini builds. Unlike pyserini's
 indexer, Lucene's own ``IndexWriter`` can replace and delete by term, and a near-real-time reader
 opened from the writer sees changes at each ``refresh`` without a commit.
+
+Searches run side by side. Each pins the current reader, counted as Lucene's ``SearcherManager``
+counts (a refresh swaps in a new reader; the old one closes when its last search ends), and takes
+its hits out of Java as arrays (Anserini's ``ScoredDocs``: ids and scores in three calls, where
+reading each hit took four); a filter is one ``TermInSetQuery`` of cached ``BytesRef`` ids.
+
+pyjnius binds an instance method by storing the instance on the method object that every instance
+of the class shares (the FIXME in its ``JavaMethod.__get__``), so two threads that call one method
+on two objects can swap them: searches side by side once failed so (a ``NullPointerException`` from
+another thread's stored fields), and two indexes searched at once answered from each other. Hence a
+search calls ``IndexSearcher.search`` through a method handle (one object; the searcher is an
+argument), calls on objects that are not one of a kind (readers, query builders) run under
+``_calls``, and the writer's calls (one thread at a time, as before) share no method with a search's.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.retrieval.java import start_jvm
@@ -18,6 +33,14 @@ from engine.store.index_dir import IndexDirError
 
 _TEXT_FIELD = "(Ljava/lang/String;Ljava/lang/CharSequence;Lorg/apache/lucene/index/IndexableFieldType;)V"
 SEQ_KEY = "seq"  # commit user data: the last write-ahead-log record this commit holds
+_ID_TERMS = 1 << 16  # unit ids kept as Java BytesRefs for filters: a pyjnius constructor costs ~10 us
+_SEARCH = ".IndexSearcher.search(org.apache.lucene.search.Query,int,org.apache.lucene.search.Sort,boolean)"
+_TERM_SET = "(Ljava/lang/String;[Lorg/apache/lucene/util/BytesRef;)V"
+_calls = threading.Lock()  # instance calls on objects that are not one of a kind (module docstring)
+
+
+class IndexClosedError(RuntimeError):
+    """A search or refresh after ``close``."""
 
 
 class _Java:
@@ -55,7 +78,11 @@ class _Java:
             "org.apache.lucene.search.similarities.BM25Similarity",
             "io.anserini.analysis.DefaultEnglishAnalyzer",
             "io.anserini.search.query.BagOfWordsQueryGenerator",
+            "io.anserini.search.ScoredDocs",
             "java.util.ArrayList",
+            "java.lang.Boolean",
+            "java.lang.Integer",
+            "java.lang.invoke.MethodHandles",
         ):
             setattr(self, name.rsplit(".", 1)[1].replace("$", "_"), autoclass(name))
         contents = self.FieldType()
@@ -64,6 +91,11 @@ class _Java:
         contents.freeze()
         self.contents_type = contents
         self.bytes_ref = lambda text: self.BytesRef(text, signature="(Ljava/lang/CharSequence;)V")
+        self.id_term = functools.lru_cache(maxsize=_ID_TERMS)(self.bytes_ref)
+        searcher = autoclass("java.lang.Class").forName("org.apache.lucene.search.IndexSearcher")
+        (method,) = [m for m in searcher.getMethods() if _SEARCH in m.toString()]
+        self.search_handle = self.MethodHandles.publicLookup().unreflect(method)
+        self.with_scores = self.Boolean(True)  # doDocScores, boxed for the handle
         self.analyzer = self.DefaultEnglishAnalyzer.newDefaultInstance()
         self.generator = self.BagOfWordsQueryGenerator()
         self.sort = self.Sort(self.SortField.FIELD_SCORE, self.SortField("id", self.SortField_Type.STRING_VAL))
@@ -88,10 +120,19 @@ def _lucene() -> _Java:
         return _java
 
 
+class _View:
+    """One point-in-time reader and its searcher, with Lucene's SearcherManager counting: one
+    reference is the index's while the view is current, one each search's; the reader closes at 0."""
+
+    def __init__(self, reader, searcher, documents: int) -> None:
+        self.reader, self.searcher, self.documents, self.refs = reader, searcher, documents, 1
+
+
 class LuceneIndex:
     """BM25 search, and (``writable``) replace/delete by document with near-real-time refresh.
 
-    One writer per index directory (Lucene's write lock enforces it). Searches are thread-safe.
+    One writer per index directory (Lucene's write lock enforces it). Searches are thread-safe and
+    run side by side, also while a refresh swaps the reader; ``close`` waits for those in flight.
     """
 
     def __init__(
@@ -106,7 +147,6 @@ class LuceneIndex:
         self.path = Path(path)
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
         self._similarity = j.BM25Similarity(float(k1), float(b))
-        self._lock = threading.Lock()
         self._writer = None
         try:
             if writable:
@@ -115,45 +155,79 @@ class LuceneIndex:
                 config.setOpenMode(mode)
                 config.setSimilarity(self._similarity)
                 self._writer = j.IndexWriter(self._directory, config)
-                self._reader = j.DirectoryReader.open(self._writer)
+                reader = j.DirectoryReader.open(self._writer)
             else:
-                self._reader = j.DirectoryReader.open(self._directory)
+                reader = j.DirectoryReader.open(self._directory)
         except JavaException as exc:
             if self._writer is not None:
                 self._writer.rollback()
             raise IndexDirError(
                 f"{self.path}: unreadable Lucene index ({_root_cause(exc)}); rebuild the index"
             ) from None
-        self._searcher = self._new_searcher(self._reader)
+        self._state = threading.Condition()  # guards _view, _closed, _searches and every view's refs
+        self._refreshing = threading.Lock()  # one refresh (or close) at a time; searches never take it
+        self._view = self._open_view(reader)
+        self._closed = False
+        self._searches = 0
 
-    def _new_searcher(self, reader):
+    def _open_view(self, reader) -> _View:
         searcher = self.j.IndexSearcher(reader, signature="(Lorg/apache/lucene/index/IndexReader;)V")
-        searcher.setSimilarity(self._similarity)
-        return searcher
+        with _calls:
+            searcher.setSimilarity(self._similarity)
+            return _View(reader, searcher, reader.numDocs())
 
     @property
     def documents(self) -> int:
-        return self._reader.numDocs()
+        return self._view.documents
+
+    @contextmanager
+    def _pinned(self) -> Iterator[_View]:
+        """The current view, open until the block ends however the index changes meanwhile."""
+        with self._state:
+            if self._closed:
+                raise IndexClosedError(f"{self.path}: the BM25 index is closed")
+            view = self._view
+            view.refs += 1
+            self._searches += 1
+        try:
+            yield view
+        finally:
+            with self._state:
+                self._searches -= 1
+                self._state.notify_all()
+            self._unref(view)
+
+    def _unref(self, view: _View) -> None:
+        with self._state:
+            view.refs -= 1
+            if view.refs:
+                return
+        with _calls:
+            view.reader.decRef()
 
     def search(self, query: str, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
-        """Top ``k`` (unit id, BM25 score), best first; ``allowed`` (unit ids) filters inside Lucene."""
+        """Top ``k`` (unit id, BM25 score), best first, ties by id; ``allowed`` (unit ids) filters
+        inside Lucene."""
         if allowed is not None and not allowed:
             return []
         j = self.j
         bag = j.generator.buildQuery("contents", j.analyzer, query)
         if allowed is not None:
-            terms = j.ArrayList()
-            for unit in allowed:
-                terms.add(j.bytes_ref(unit))
+            bag = self._filtered(bag, allowed)
+        with self._pinned() as view:
+            top = j.search_handle.invokeWithArguments(view.searcher, bag, j.Integer(int(k)), j.sort, j.with_scores)
+            hits = j.ScoredDocs.fromTopDocs(top, view.searcher)  # each hit's stored id, read in Java
+            return list(zip(hits.docids, hits.scores, strict=True))
+
+    def _filtered(self, bag, allowed: Collection[str]):
+        """``bag`` restricted to ``allowed``: one Java call for the id set, its BytesRefs cached."""
+        j = self.j
+        ids = j.TermInSetQuery("id", *map(j.id_term, allowed), signature=_TERM_SET)
+        with _calls:
             builder = j.BooleanQuery_Builder()
             builder.add(bag, j.BooleanClause_Occur.MUST)
-            builder.add(j.TermInSetQuery("id", terms), j.BooleanClause_Occur.FILTER)
-            bag = builder.build()
-        with self._lock:
-            searcher = self._searcher
-            top = searcher.search(bag, int(k), j.sort, True)
-            stored = searcher.storedFields()
-            return [(stored.document(hit.doc).get("id"), float(hit.score)) for hit in top.scoreDocs]
+            builder.add(ids, j.BooleanClause_Occur.FILTER)
+            return builder.build()
 
     # writing
     def add(self, document_id: str, units: Iterable[tuple[str, str]]) -> None:
@@ -181,13 +255,19 @@ class LuceneIndex:
 
     def refresh(self) -> None:
         """Make every change so far searchable (near-real-time: no commit, no fsync); read-only, the
-        newest commit (another process's writer)."""
-        reader = self.j.DirectoryReader
-        newer = reader.openIfChanged(self._reader, self._writer) if self._writer else reader.openIfChanged(self._reader)
-        if newer is not None:
-            with self._lock:
-                old, self._reader, self._searcher = self._reader, newer, self._new_searcher(newer)
-            old.decRef()
+        newest commit (another process's writer). Searches in flight finish on the reader they began
+        with, which closes after the last of them."""
+        with self._refreshing:
+            if self._closed:
+                raise IndexClosedError(f"{self.path}: the BM25 index is closed")
+            old, reader = self._view, self.j.DirectoryReader
+            newer = reader.openIfChanged(old.reader, self._writer) if self._writer else reader.openIfChanged(old.reader)
+            if newer is None:
+                return
+            view = self._open_view(newer)
+            with self._state:
+                self._view = view
+            self._unref(old)
 
     def commit(self, seq: int) -> None:
         """Durable Lucene commit recording the last log record it holds."""
@@ -202,8 +282,15 @@ class LuceneIndex:
         return int(value) if value is not None else 0
 
     def close(self) -> None:
-        with self._lock:
+        """Wait for the searches in flight, then release the index; a later search raises
+        IndexClosedError. Uncommitted changes are rolled back: they are the log's to replay."""
+        with self._refreshing:
+            with self._state:
+                if self._closed:
+                    return
+                self._closed = True
+                self._state.wait_for(lambda: not self._searches)
             if self._writer is not None:
-                self._writer.rollback()  # uncommitted changes are the log's to replay
+                self._writer.rollback()
                 self._writer = None
-            self._reader.decRef()
+            self._unref(self._view)

@@ -1,0 +1,141 @@
+"""The BM25 index on its own: rankings (ties by id, filters inside the search), and searches side by
+side with each other, with writes and refreshes, and with ``close``."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engine.retrieval.lucene import IndexClosedError, LuceneIndex
+
+UNITS = 40
+
+
+def _text(i: int, generation: int = 0) -> str:
+    return f"common alpha{i} {'beta ' * (i % 4)} gen{generation}"
+
+
+def _make(path, prefix: str = "d") -> LuceneIndex:
+    """Units ``{prefix}-00`` … added in reverse order, so that docid order is not id order."""
+    index = LuceneIndex(path, writable=True, create=True)
+    for i in reversed(range(UNITS)):
+        index.add(f"{prefix}-{i:02d}", [(f"{prefix}-{i:02d}", _text(i))])
+    index.refresh()
+    return index
+
+
+def _run(workers: int, job, *args) -> None:
+    with ThreadPoolExecutor(workers) as pool:
+        for done in [pool.submit(job, *args) for _ in range(workers)]:
+            done.result()
+
+
+@pytest.fixture
+def index(tmp_path):
+    index = _make(tmp_path / "bm25")
+    yield index
+    index.close()
+
+
+def test_ties_are_broken_by_id_and_a_filter_keeps_the_ranking(index):
+    hits = index.search("common beta", UNITS)
+    assert len(hits) == UNITS
+    assert hits == sorted(hits, key=lambda hit: (-hit[1], hit[0]))  # ties by id, whatever the docid order
+    groups = {}
+    for unit, score in hits:
+        groups.setdefault(score, []).append(unit)
+    assert sorted(map(len, groups.values())) == [10, 10, 10, 10]  # ties were there to break
+    allowed = {f"d-{i:02d}" for i in range(0, UNITS, 3)}
+    assert index.search("common beta", 5, allowed) == [hit for hit in hits if hit[0] in allowed][:5]
+    assert index.search("common beta", 5, set()) == []
+
+
+def test_filtered_searches_side_by_side_keep_their_own_filters(index):
+    """Each thread's filter is its own (pyjnius once let threads swap the objects they called)."""
+    expected = {r: index.search("common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) for r in range(4)}
+    turn = iter(range(1000))
+
+    def search() -> None:
+        r = next(turn) % 4
+        for _ in range(60):
+            assert index.search("common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) == expected[r]
+
+    _run(4, search)
+
+
+def test_two_indexes_searched_side_by_side_answer_from_their_own(index, tmp_path):
+    other = _make(tmp_path / "other", prefix="e")
+    try:
+        expected = {ix: ix.search("common alpha3", 10) for ix in (index, other)}
+        turn = iter(range(1000))
+
+        def search() -> None:
+            mine = (index, other)[next(turn) % 2]
+            for _ in range(100):
+                assert mine.search("common alpha3", 10) == expected[mine]
+
+        _run(4, search)
+    finally:
+        other.close()
+
+
+def test_searches_see_whole_documents_while_another_thread_writes_and_refreshes(index):
+    stop, errors = threading.Event(), []
+    ids = {f"d-{i:02d}" for i in range(UNITS)}
+
+    def write() -> None:
+        for generation in range(1, 61):
+            i = generation % UNITS
+            index.replace(f"d-{i:02d}", [(f"d-{i:02d}", _text(i, generation))])
+            if generation % 3 == 0:
+                index.refresh()
+        stop.set()
+
+    def search() -> None:
+        try:
+            while not stop.is_set():
+                hits = index.search("common", UNITS + 5)
+                assert {unit for unit, _ in hits} == ids and len(hits) == UNITS  # replaced whole, never twice
+                assert index.search("alpha5", 3)[0][0] == "d-05"
+                assert {unit for unit, _ in index.search("common", 10, {"d-01", "d-02"})} == {"d-01", "d-02"}
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    _run(3, search)
+    writer.join()
+    assert not errors
+    index.refresh()
+    assert index.search("gen60", 1)[0][0] == f"d-{60 % UNITS:02d}"
+    assert index.documents == UNITS
+
+
+def test_close_waits_for_searches_in_flight_and_later_ones_fail_clearly(tmp_path):
+    index = _make(tmp_path / "bm25")
+    started, outcomes = threading.Barrier(4), []
+
+    def search() -> None:
+        started.wait()
+        try:
+            while True:
+                assert len(index.search("common beta", UNITS)) == UNITS
+        except IndexClosedError:
+            outcomes.append("closed")
+
+    threads = [threading.Thread(target=search) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    index.close()
+    for thread in threads:
+        thread.join()
+    assert outcomes == ["closed"] * 3  # no Java error from a reader closed under a search
+    with pytest.raises(IndexClosedError, match="closed"):
+        index.search("common", 3)
+    with pytest.raises(IndexClosedError):
+        index.refresh()
+    index.close()  # twice is harmless
