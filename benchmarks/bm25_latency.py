@@ -21,8 +21,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine.config import Settings
+from engine.settings import EngineSettings
 from engine.store.index_dir import BM25_DIR
+from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.latency import percentiles
 from offline.records import write_result
@@ -62,12 +63,12 @@ def _timed(index, queries: list[str], k: int, allowed, threads: int) -> tuple[li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bm25", type=Path, default=Path(Settings().index_dir) / BM25_DIR, help="a Lucene index")
+    parser.add_argument("--bm25", type=Path, default=Path(EngineSettings().index_dir) / BM25_DIR, help="a Lucene index")
     parser.add_argument("--baseline", required=True, help="git revision whose LuceneIndex is the 'before'")
-    parser.add_argument("--data", type=Path, default=Settings().data_dir)
+    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
     parser.add_argument("--split", default="dev")
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--k", type=int, default=Settings().bm25_depth)
+    parser.add_argument("--k", type=int, default=EngineSettings().bm25_depth)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/cpu-2core/bm25-latency.json"))
     args = parser.parse_args()

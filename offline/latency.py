@@ -13,8 +13,6 @@ import numpy as np
 from engine.search import SearchOptions
 from offline.records import write_result
 
-STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank", "total")
-
 
 def machine_name() -> str:
     """The results folder of this machine: its GPU's name, else ``cpu-<cores>core``."""
@@ -45,10 +43,10 @@ def bench_engine(engine, queries: list[str], depths: list[int], concurrency: lis
     for depth in depths:
         options = SearchOptions(rerank_depth=depth)
         engine.stages(queries[0], top_k, options=options)  # warm-up
-        per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
+        per_stage: dict[str, list[float]] = {}
         for query in queries:
             for stage, seconds in engine.stages(query, top_k, options=options).seconds.items():
-                per_stage[stage].append(seconds)
+                per_stage.setdefault(stage, []).append(seconds)
         report["depths"][depth] = {s: percentiles(v) for s, v in per_stage.items() if v}
     deepest = SearchOptions(rerank_depth=max(depths))
     report["concurrency_rerank_depth"] = max(depths)
@@ -104,7 +102,7 @@ def _plot(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     if "depths" in report:
         depths = sorted(report["depths"], key=int)
-        for stage in ("total", "rerank", "bm25", "encode", "dense"):
+        for stage in ("total", "rerank", "encode", "bm25", "dense"):
             ys = [report["depths"][d].get(stage, {}).get("p50") for d in depths]
             if any(y is not None for y in ys):
                 ax.plot([int(d) for d in depths], [y or 0 for y in ys], marker="o", label=f"{stage} p50")

@@ -34,7 +34,8 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     def search(respond) -> Handler:
         async def handler(request: Request) -> Response:
             query = validated(service.search_request, await json_body(request, limit))
-            return JSONResponse(respond(await service.search(query, door="rest")).model_dump())
+            answer = respond(await service.search(query, door="rest"))
+            return Response(answer.model_dump_json(), media_type="application/json")  # serialized once
 
         return handler
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank")  # in the order a query runs them
+STAGES = ("encode", "bm25", "dense", "memory", "fusion", "rerank")  # in the order a query runs them
 
 
 class Stopwatch:
