@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -188,8 +190,9 @@ class Router:
         slow, while the sender, having waited one time limit, waits another. As with gRPC deadlines,
         the sender decides: TIMEOUT says ``retry_possible``, to retry later after its own backoff."""
         for attempt in range(self.retries + 1):
+            work = asyncio.ensure_future(agent.handle(message, payload))
             try:
-                kind, body = await asyncio.wait_for(agent.handle(message, payload), timeout=self.timeout_s)
+                kind, body = await asyncio.wait_for(asyncio.shield(work), timeout=self.timeout_s)
                 return Message(
                     type=kind,
                     sender=agent.agent_id,
@@ -198,6 +201,7 @@ class Router:
                     payload=body.model_dump(mode="json"),
                 )
             except TimeoutError:
+                _left_running(work)
                 failure = AgentError(ErrorCode.TIMEOUT, f"{agent.agent_id} took longer than {self.timeout_s:g} s")
             except AgentError as exc:
                 failure = exc
@@ -208,6 +212,29 @@ class Router:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
         return await self.error(failure.code, str(failure), message, message.trace_id)
+
+
+_overruns: ContextVar[list[asyncio.Future] | None] = ContextVar("overruns", default=None)
+
+
+@contextlib.contextmanager
+def overruns() -> Iterator[list[asyncio.Future]]:
+    """The agent work that replies sent inside the block left running past their time limit (an
+    agent's thread cannot be stopped), so that the caller can hold what that work still uses (an
+    admission slot) until it really ends."""
+    found: list[asyncio.Future] = []
+    token = _overruns.set(found)
+    try:
+        yield found
+    finally:
+        _overruns.reset(token)
+
+
+def _left_running(work: asyncio.Future) -> None:
+    work.add_done_callback(lambda done: done.cancelled() or done.exception())  # its late failure is not news
+    found = _overruns.get()
+    if found is not None:
+        found.append(work)
 
 
 def _fits(value: object, limit: int) -> str | None:

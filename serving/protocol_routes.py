@@ -17,6 +17,7 @@ import logging
 import math
 import time
 import tomllib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from agents.messages import ErrorCode, Message, schemas
-from agents.router import ROUTER_ID, Router
+from agents.router import ROUTER_ID, Router, overruns
 from agents.system import SYSTEM_ID, RagRequest, rag_turn
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, BodyError, bearer, parse_json, read_body, validated
@@ -175,8 +176,22 @@ class ProtocolDoor:
             )
         return raw, key, None
 
-    def _slot(self, door: str):
-        return self.admission.slot(door) if self.admission is not None else contextlib.nullcontext()
+    @contextlib.asynccontextmanager
+    async def _slot(self, door: str) -> AsyncIterator[None]:
+        """An admission slot for the block, kept past it while agent work the block's replies gave
+        up on still runs (a TIMEOUT reply's thread): admission sees all the work there is."""
+        if self.admission is None:
+            yield
+            return
+        release = await self.admission.acquire(door)
+        with overruns() as running:
+            try:
+                yield
+            finally:
+                if running:
+                    asyncio.gather(*running, return_exceptions=True).add_done_callback(lambda _: release())
+                else:
+                    release()
 
     # the routes
     async def post_message(self, request: Request) -> Response:

@@ -529,3 +529,44 @@ def test_all_doors_behind_keys_when_configured(index_dir, tmp_path):
         assert reply["result"]["status"]["state"] == "completed"
     finally:
         assert stop_server(proc) == 0
+
+
+def test_a_message_that_timed_out_keeps_its_admission_slot_until_its_thread_ends(tmp_path):
+    """The /v1 door answers TIMEOUT at the limit, but the agent's thread runs on: its slot stays
+    taken (admission sees the work), so the next message is refused, not queued unseen."""
+    import httpx
+    from prometheus_client import CollectorRegistry
+    from starlette.applications import Starlette
+
+    from agents.router import Router
+    from agents.traces import TraceStore
+    from serving.admission import Admission
+    from serving.protocol_routes import ProtocolDoor
+
+    router = Router(TraceStore(tmp_path / "t.sqlite"), timeout_s=0.2)
+    stuck = _Stuck()
+    router.register(stuck)
+    admission = Admission(1, 0, CollectorRegistry())
+    app = Starlette(routes=ProtocolDoor(router, {}, admission=admission).routes())
+    message = {"type": "RETRIEVAL_REQUEST", "sender": "System", "receiver": "stuck", "payload": {"query": "q"}}
+
+    async def scenario() -> list:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://door") as client:
+            try:
+                first = await client.post("/v1/messages", json=message)
+                busy = admission.in_flight._value.get()
+                second = await client.post("/v1/messages", json=message)
+            finally:
+                stuck.gate.set()  # the abandoned thread ends, and gives its slot back
+            for _ in range(100):
+                if admission.in_flight._value.get() == 0:
+                    break
+                await asyncio.sleep(0.02)
+            third = await client.post("/v1/messages", json=message)
+            return [first, busy, second, third]
+
+    first, busy, second, third = asyncio.run(scenario())
+    assert first.json()["payload"]["error_code"] == "TIMEOUT" and busy == 1
+    assert second.status_code == 503 and second.json()["payload"]["error_code"] == "OVERLOADED"
+    assert third.status_code == 200 and third.json()["type"] == "RETRIEVAL_RESULT"
