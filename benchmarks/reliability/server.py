@@ -37,14 +37,20 @@ def serve_args(index: Path, mcp_port: int, *extra: str, a2a_port: int | None = N
 
 
 def start_server(
-    args: list[str], health_url: str, log: Path, preexec_fn: Callable[[], None] | None = None
+    args: list[str],
+    health_url: str,
+    log: Path,
+    preexec_fn: Callable[[], None] | None = None,
+    checkout: Path = ROOT,
+    cli: list[str] = CLI,
 ) -> subprocess.Popen:
     """Start the CLI with ``args`` (output to ``log``) and return once ``health_url`` answers 200;
-    ``preexec_fn`` runs in the child before it starts (resource limits, signal dispositions)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    ``preexec_fn`` runs in the child before it starts (resource limits, signal dispositions).
+    ``checkout`` and ``cli``: another checkout's code and entry point (a baseline commit's)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(checkout)}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            CLI + args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn
+            cli + args, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn
         )
     deadline = time.time() + 180
     while time.time() < deadline:
