@@ -8,6 +8,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -20,6 +21,7 @@ from engine.errors import ServiceError
 from engine.live.writer import DocumentNotFound
 from serving.admission import Overloaded
 from serving.worker_channel import Channel, ChannelServer, WorkerFailed, WorkerUnreachable, WriterClient, call
+from serving.workers import bind
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +210,31 @@ def test_a_worker_that_cannot_start_stops_serve_with_its_reason(tmp_path):
     assert run.returncode == 2, run.stderr
     assert "hybrid-search: error: worker" in run.stderr and "missing" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_workers_connections_send_without_waiting_for_acknowledgements():
+    """Nagle's algorithm off on the connections a worker's socket takes (a two-part reply waited 40 ms)."""
+
+    async def run() -> int:
+        sock = bind("127.0.0.1", 0, listen=True)
+        accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+        server = await asyncio.get_running_loop().create_server(lambda: _Accepted(accepted), sock=sock)
+        _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        transport = await accepted
+        nodelay = transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        writer.close()
+        server.close()
+        return nodelay
+
+    assert asyncio.run(run()) == 1
+
+
+class _Accepted(asyncio.Protocol):
+    def __init__(self, accepted: asyncio.Future) -> None:
+        self.accepted = accepted
+
+    def connection_made(self, transport) -> None:
+        self.accepted.set_result(transport)
 
 
 def test_the_channel_carries_a_callers_errors_and_refuses_strangers(tmp_path):
