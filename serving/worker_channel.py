@@ -57,10 +57,10 @@ class ChannelServer:
 
     def __init__(self, channel: Channel, index: int, handlers: dict[str, Callable[..., Any]]) -> None:
         self.key, self.index, self.handlers = channel.key, index, handlers
-        path = channel.address(index)
-        path.unlink(missing_ok=True)  # left behind by a worker killed before it could close
+        self.path = channel.address(index)
+        self.path.unlink(missing_ok=True)  # left behind by a worker killed before it could close
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(path))
+        self._listener.bind(str(self.path))
         self._listener.listen(64)
         self._calls: set[threading.Thread] = set()
         self._lock = threading.Lock()
@@ -113,6 +113,7 @@ class ChannelServer:
         except OSError:
             pass
         self._listener.close()
+        self.path.unlink(missing_ok=True)
         with self._lock:
             running = list(self._calls)
         for thread in running:
