@@ -3,9 +3,10 @@ calls for, the doors on sockets of its own in each port's ``SO_REUSEPORT`` group
 siblings call it on, and /health and /metrics that speak for the workers as a whole.
 
 What stays per worker, as on Ray's replicas: admission (``--max-in-flight`` and ``--max-queue``
-hold in each worker), MCP sessions (served stateless: a session's next request may reach another
-worker, so there are no resumable streams), A2A tasks (``tasks/get`` finds only the tasks of the
-worker that answers it) and the ``/v1`` trace store (one SQLite file, written by each).
+hold in each worker), agents' rate limits, the reranker's score cache, MCP sessions (served
+stateless: a session's next request may reach another worker, so there are no resumable streams)
+and A2A tasks (``tasks/get`` finds only the tasks of the worker that answers it). The ``/v1``
+trace store is one SQLite file that every worker writes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import threading
 from multiprocessing.connection import Connection, wait
 
+import torch
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
@@ -36,14 +38,14 @@ class WorkerService(SearchService):
     """A worker's engine and doors: ``/health`` names the worker that answered, ``/metrics`` gathers
     every worker's series, each labelled ``worker``."""
 
-    def __init__(self, settings: Settings, seat: Seat, threads: int) -> None:
+    def __init__(self, settings: Settings, seat: Seat) -> None:
         follow = WriterClient(seat.channel, settings.serving.query_timeout_s) if seat.role == "follower" else None
         super().__init__(settings, writable=seat.role == "writer", follow=follow)
-        self.seat, self.threads = seat, threads
+        self.seat = seat
 
     def health(self) -> dict:
         seat = self.seat
-        worker = {"index": seat.index, "pid": os.getpid(), "role": seat.role, "threads": self.threads}
+        worker = {"index": seat.index, "pid": os.getpid(), "role": seat.role, "threads": torch.get_num_threads()}
         return {**super().health(), "worker": worker, "workers": seat.count}
 
     def exposition(self) -> bytes:
@@ -88,7 +90,7 @@ class _AllWorkers:
         return call(self.seat.channel, index, "metrics", timeout_s=SIBLING_METRICS_TIMEOUT_S)
 
 
-def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection, threads: int) -> None:
+def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) -> None:
     """Load, say "ready" to the supervisor (or why not), serve until SIGTERM, then close: the
     channel first, so that a write a follower sent is not cut off by the writer's checkpoint."""
     threading.Thread(target=_stop_with_supervisor, name="supervisor-watch", daemon=True).start()
@@ -97,7 +99,7 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection, th
         if seat.role == "writer":  # followers show checkpoints: one after every refresh that applied writes
             settings = settings.with_values(checkpoint_bytes=0)
         engine_door = "mcp" in door_ports(settings, doors.mcp, doors.a2a, doors.mcp_url)  # REST, beside the engine
-        service = WorkerService(settings, seat, threads) if engine_door else None
+        service = WorkerService(settings, seat) if engine_door else None
         _, apps = build_apps(settings, doors.mcp, doors.a2a, doors.mcp_url, service=service)
         channel = ChannelServer(seat.channel, seat.index, service.handlers()) if service else None
         # listening only now: until its engine is loaded, a worker takes no connections

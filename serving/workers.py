@@ -252,9 +252,9 @@ def _work(seat: Seat, settings: Settings, doors: Doors, messages: Connection, le
     threads = os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // seat.count)))
     for name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
         os.environ.setdefault(name, threads)
-    from serving.worker import serve  # after the variables above: it loads torch
+    from serving.worker import serve  # after the variables above: it imports torch, which reads them
 
-    serve(seat, settings, doors, messages, int(threads))
+    serve(seat, settings, doors, messages)
 
 
 def _logging_levels() -> dict[str, int]:
