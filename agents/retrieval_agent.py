@@ -18,6 +18,7 @@ from agents.messages import (
     RetrievedChunk,
 )
 from agents.router import AgentError
+from engine.errors import ServiceError
 from engine.live.writer import NotYetSearchable
 from engine.search import HybridEngine
 
@@ -78,6 +79,10 @@ class RetrievalAgent:
             raise AgentError(ErrorCode.INGESTION_FAILED, f"could not log the document: {exc}") from None
         except NotYetSearchable as exc:  # logged and kept, but the wait for it to be searchable failed
             raise AgentError(ErrorCode.INGESTION_FAILED, str(exc)) from None
+        except ServiceError as exc:  # 503: the index's writer, in another process, is restarting or busy
+            if exc.status != 503:
+                raise
+            raise AgentError(ErrorCode.OVERLOADED, str(exc)) from None
         return IngestionAck(
             document_id=ack["document_id"],
             chunks_indexed=ack["chunks"],

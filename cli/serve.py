@@ -30,9 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         " protocol at /v1. With --ray: one port (--mcp-port) for MCP + REST at / and the A2A agent at /a2a/,"
         " search replicas (doors and retrieval), a reranker deployment (a GPU each when the cluster has GPUs)"
         " that batches queries across replicas, and one writer the replicas follow (none with --read-only);"
-        " the index directory must be at the same path on every node.",
+        " the index directory must be at the same path on every node. With --workers N: N processes on the same"
+        " ports, one writing the index and the others following its checkpoints.",
         epilog="examples:\n  hybrid-search serve --build-if-missing\n"
         "  hybrid-search serve --index-dir indexes/docs --host 0.0.0.0 --reranker ../models/reranker\n"
+        "  hybrid-search serve --workers 4\n"
         "  hybrid-search serve --ray --search-replicas 2-8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -77,6 +79,8 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ValueError("--ray serves MCP + REST and A2A on one port; leave out --no-mcp, --no-a2a and --mcp-url")
     if args.ray and settings.security.tls_cert is not None:
         raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
+    if args.ray and settings.serving.workers > 1:
+        raise ValueError("--ray scales with --search-replicas, not --workers: leave out --workers")
     if args.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
         from cli.index import build
 
@@ -84,7 +88,13 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.ray:
         ray_app().run_on_ray(settings, writable=not args.read_only)
         return 0
-    run_servers(settings, mcp=not args.no_mcp, a2a=not args.no_a2a, mcp_url=args.mcp_url, writable=not args.read_only)
+    doors = {"mcp": not args.no_mcp, "a2a": not args.no_a2a, "mcp_url": args.mcp_url, "writable": not args.read_only}
+    if settings.serving.workers > 1:
+        from serving.workers import run_workers
+
+        run_workers(settings, **doors)
+    else:
+        run_servers(settings, **doors)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""``hybrid-search serve``: MCP + REST and the A2A agent, two ports, one process, one engine."""
+"""``hybrid-search serve``: MCP + REST and the A2A agent, two ports, one engine a process (several
+processes on the same ports with ``--workers N``: :mod:`serving.workers`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 import uuid
 
@@ -102,10 +104,12 @@ def build_apps(
     """The ASGI apps to serve, with the engine loaded now so no request pays for loading.
 
     ``service``: one built by the caller (a Ray replica's, around an engine whose reranker is a
-    deployment); MCP is then stateless, since any replica may take a session's next request."""
+    deployment; a worker's of ``serve --workers N``); MCP is then stateless, since any replica or
+    worker may take a session's next request."""
     telemetry.install(settings)  # once per process: spans, and their export with --otlp-endpoint
     stateless = service is not None
-    if service is None and (mcp or mcp_url is None):
+    ports = door_ports(settings, mcp, a2a, mcp_url)
+    if service is None and "mcp" in ports:
         service = SearchService(settings, writable=writable)
     apps = {}
     if service is not None:
@@ -133,6 +137,13 @@ def build_apps(
             raise ValueError("--key-all-doors needs --agent-keys with at least one key")
         apps = {door: (KeyGate(app, hashes), port) for door, (app, port) in apps.items()}
     return service, {door: (telemetry.TracedDoor(app, door), port) for door, (app, port) in apps.items()}
+
+
+def door_ports(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None) -> dict[str, int]:
+    """The port of each door :func:`build_apps` serves: REST (with MCP unless ``mcp`` is off) beside
+    the engine, unless only an A2A agent searching through ``mcp_url`` is asked for; and A2A."""
+    ports = {"mcp": settings.serving.mcp_port} if mcp or mcp_url is None else {}
+    return ports | ({"a2a": settings.serving.a2a_port} if a2a else {})
 
 
 def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) -> Starlette:
@@ -171,22 +182,28 @@ def run_servers(
     checkpointed before the process exits."""
     tls = tls_options(settings)  # bad TLS files stop here, before the engine loads
     service, apps = build_apps(settings, mcp, a2a, mcp_url, writable)
-    servers = [
-        _Server(
+    for door, (_, port) in apps.items():
+        log.info("%s listening on %s://%s:%d", door, scheme(settings), _display_host(settings.serving.host), port)
+    try:
+        serve_apps(settings, apps, tls)
+    finally:
+        if service is not None:
+            service.close()
+        telemetry.shutdown()
+
+
+def serve_apps(settings: Settings, apps: dict, tls: dict, sockets: dict[str, socket.socket] | None = None) -> None:
+    """Serve ``apps`` (:func:`build_apps`' second half) until Ctrl-C or SIGTERM, each on its port, or
+    on the listening socket ``sockets`` names for its door (a worker of ``serve --workers N``)."""
+    servers = {
+        door: _Server(
             uvicorn.Config(
                 RequestLog(app, door), host=settings.serving.host, port=port, log_config=None, access_log=False, **tls
             )
         )
         for door, (app, port) in apps.items()
-    ]
-    for door, (_, port) in apps.items():
-        log.info("%s listening on %s://%s:%d", door, scheme(settings), _display_host(settings.serving.host), port)
-    try:
-        asyncio.run(_serve_all(servers))
-    finally:
-        if service is not None:
-            service.close()
-        telemetry.shutdown()
+    }
+    asyncio.run(_serve_all(servers, sockets or {}))
 
 
 class _Server(uvicorn.Server):
@@ -197,13 +214,13 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def _serve_all(servers: list[uvicorn.Server]) -> None:
+async def _serve_all(servers: dict[str, uvicorn.Server], sockets: dict[str, socket.socket]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: [setattr(s, "should_exit", True) for s in servers])
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+        loop.add_signal_handler(sig, lambda: [setattr(s, "should_exit", True) for s in servers.values()])
+    tasks = [asyncio.create_task(s.serve([sockets[door]] if door in sockets else None)) for door, s in servers.items()]
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for server in servers:  # one stopped (signal or failed bind): stop the others too
+    for server in servers.values():  # one stopped (signal or failed bind): stop the others too
         server.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)
     for task in done:

@@ -103,8 +103,6 @@ class WriterReplica:
 class RemoteWriter:
     """The writer deployment as the engine's ``live``: the same calls, its errors as raised there."""
 
-    refresh_error = None  # the writer's own health says when its refreshes fail
-
     def __init__(self, handle: DeploymentHandle, timeout_s: float) -> None:
         self.handle, self.timeout_s = handle, timeout_s
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -61,8 +62,8 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     async def openapi(request: Request) -> Response:
         return JSONResponse(spec)
 
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:  # off the event loop: a worker of several asks its siblings
+        return Response(await run_in_threadpool(service.exposition), media_type=CONTENT_TYPE_LATEST)
 
     return [
         Route("/search_nfcorpus", search(to_response), methods=["POST"]),

@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from agents.policy import PolicyError
 from agents.solver import Solver, SolverRequest
@@ -18,7 +18,7 @@ from agents.traces import TraceStore
 from engine.documents import DocumentIn, SearchRequest
 from engine.errors import ServiceError
 from engine.health import FailureCount
-from engine.live.writer import DocumentNotFound
+from engine.live.writer import DocumentNotFound, Writer
 from engine.search import Hit, HybridEngine
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated
@@ -43,12 +43,19 @@ class ReadOnly(ServiceError, PermissionError):
 class SearchService:
     """One loaded engine shared by all requests; CPU and GPU work runs off the event loop."""
 
-    def __init__(self, settings: Settings, engine: HybridEngine | None = None, writable: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: HybridEngine | None = None,
+        writable: bool = False,
+        follow: Writer | None = None,
+    ) -> None:
+        """``follow``: the index's writer in another process, whose checkpoints this engine shows."""
         self.settings = settings
         self.search_request = SearchRequest.limited(settings.serving.max_query_chars)  # what a search may ask here
         started = time.perf_counter()
         self._owns_engine = engine is None
-        self.engine = engine or HybridEngine(settings.engine, writable=writable)
+        self.engine = engine or HybridEngine(settings.engine, writable=writable, follow=follow)
         traces = TraceStore(
             settings.agents.trace_db, settings.agents.trace_max_age_days, settings.agents.trace_max_messages
         )
@@ -143,6 +150,10 @@ class SearchService:
             raise DocumentNotFound(document_id)
         return found
 
+    def exposition(self) -> bytes:
+        """What ``/metrics`` answers: this process's series, in Prometheus' text format."""
+        return generate_latest(self.registry)
+
     def fallbacks(self) -> dict[str, FailureCount]:
         """The stages a request falls back from when they fail (the reranker, an LLM server)."""
         found = {"reranker": self.engine.reranker_health} if self.engine.reranker is not None else {}
@@ -151,11 +162,13 @@ class SearchService:
 
     def health(self) -> dict:
         """``status`` is ``degraded`` while a fallback serves (reranker or LLM failing) or live
-        writes cannot be applied (a full disk): answers still come, not all of them as configured."""
+        writes cannot be applied (a full disk, or the writer process is down): answers still come,
+        not all of them as configured."""
         engine = self.engine
         fallbacks = {f"{name}_health": count.describe() for name, count in self.fallbacks().items()}
         failing = any(f["status"] == "failing" for f in fallbacks.values())
-        stuck = engine.live is not None and engine.live.refresh_error is not None
+        live = engine.live.status() if engine.live is not None else None
+        stuck = live is not None and (live.get("refresh_error") is not None or live.get("reachable") is False)
         return {
             "status": "degraded" if failing or stuck else "ok",
             **fallbacks,
@@ -163,7 +176,7 @@ class SearchService:
             "index_dir": str(self.settings.engine.index_dir),
             "documents": engine.store.count(),
             "writable": engine.live is not None,
-            **({"live": engine.live.status()} if engine.live is not None else {}),
+            **({"live": live} if live is not None else {}),
             **({"follower": engine.follower.status()} if engine.follower is not None else {}),
             "device": engine.device,
             "encoder": engine.manifest.encoder,

@@ -59,6 +59,13 @@ class ServingSettings(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest HTTP request body (more gets 413)")
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
+        " each gets cores / N threads, so a sensible N is the cores divided by the threads a worker should have"
+        " (1: one process)",
+    )
 
 
 class SecuritySettings(BaseModel):

@@ -48,9 +48,7 @@ STORES = ("store", "dense", "lucene")
 
 class Writer(Protocol):
     """What the doors ask of an index's writer: :class:`LiveIndex`, or a client of one in another
-    process (a Ray deployment)."""
-
-    refresh_error: str | None
+    process (a Ray deployment, or worker 0 of ``serve --workers N``)."""
 
     def upsert(self, document: DocumentIn, wait: bool = False) -> dict: ...
 
@@ -58,7 +56,9 @@ class Writer(Protocol):
 
     def document(self, document_id: str) -> dict | None: ...
 
-    def status(self) -> dict: ...
+    def status(self) -> dict:
+        """Its state for /health; ``refresh_error`` set (or ``reachable`` false) means writes wait."""
+        ...
 
     def close(self) -> None: ...
 

@@ -1,0 +1,126 @@
+"""One worker of ``serve --workers N`` (started by :mod:`serving.workers`): the engine its role
+calls for, the doors on sockets of its own in each port's ``SO_REUSEPORT`` group, the channel its
+siblings call it on, and /health and /metrics that speak for the workers as a whole.
+
+What stays per worker, as on Ray's replicas: admission (``--max-in-flight`` and ``--max-queue``
+hold in each worker), agents' rate limits, the reranker's score cache, MCP sessions (served
+stateless: a session's next request may reach another worker, so there are no resumable streams)
+and A2A tasks (``tasks/get`` finds only the tasks of the worker that answers it). The ``/v1``
+trace store is one SQLite file that every worker writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from multiprocessing.connection import Connection, wait
+
+import torch
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
+
+from serving import telemetry
+from serving.app import build_apps, door_ports, serve_apps
+from serving.search_service import SearchService
+from serving.settings import Settings
+from serving.tls import tls_options
+from serving.worker_channel import ChannelServer, WorkerUnreachable, WriterClient, call
+from serving.workers import Doors, Seat, bind
+
+log = logging.getLogger(__name__)
+SIBLING_METRICS_TIMEOUT_S = 2.0
+
+
+class WorkerService(SearchService):
+    """A worker's engine and doors: ``/health`` names the worker that answered, ``/metrics`` gathers
+    every worker's series, each labelled ``worker``."""
+
+    def __init__(self, settings: Settings, seat: Seat) -> None:
+        follow = WriterClient(seat.channel, settings.serving.query_timeout_s) if seat.role == "follower" else None
+        super().__init__(settings, writable=seat.role == "writer", follow=follow)
+        self.seat = seat
+
+    def health(self) -> dict:
+        seat = self.seat
+        worker = {"index": seat.index, "pid": os.getpid(), "role": seat.role, "threads": torch.get_num_threads()}
+        return {**super().health(), "worker": worker, "workers": seat.count}
+
+    def exposition(self) -> bytes:
+        return generate_latest(_AllWorkers(self.registry, self.seat))
+
+    def handlers(self) -> dict:
+        """What siblings call here: this worker's metrics; on the writer, the writer's calls."""
+        found = {"metrics": lambda: list(self.registry.collect())}
+        live = self.engine.live
+        if self.seat.role == "writer":
+            found |= {"upsert": live.upsert, "delete": live.delete, "document": live.document, "status": live.status}
+        return found
+
+
+class _AllWorkers:
+    """Every worker's series as one exposition: each family once, each sample with its ``worker``.
+    The custom collectors (agents, fallbacks, reranker cache) read a process's memory at scrape
+    time, so the series are gathered from each worker rather than shared through files (the
+    Prometheus client's multiprocess mode keeps only counters, gauges and histograms). A worker
+    that does not answer (restarting) is left out of that scrape; its counters start again from
+    zero when it is back, which ``rate()`` reads as a reset."""
+
+    def __init__(self, registry, seat: Seat) -> None:
+        self.registry, self.seat = registry, seat
+
+    def collect(self):
+        merged: dict[str, Metric] = {}
+        for index in range(self.seat.count):
+            try:
+                families = self._families(index)
+            except WorkerUnreachable as exc:
+                log.debug("worker %d left out of /metrics (%s)", index, exc)
+                continue
+            for family in families:
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                into.samples += [s._replace(labels={**s.labels, "worker": str(index)}) for s in family.samples]
+        yield from merged.values()
+
+    def _families(self, index: int) -> list[Metric]:
+        if index == self.seat.index:
+            return list(self.registry.collect())
+        return call(self.seat.channel, index, "metrics", timeout_s=SIBLING_METRICS_TIMEOUT_S)
+
+
+def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) -> None:
+    """Load, say "ready" to the supervisor (or why not), serve until SIGTERM, then close: the
+    channel first, so that a write a follower sent is not cut off by the writer's checkpoint."""
+    threading.Thread(target=_stop_with_supervisor, name="supervisor-watch", daemon=True).start()
+    try:
+        tls = tls_options(settings)
+        if seat.role == "writer":  # followers show checkpoints: one after every refresh that applied writes
+            settings = settings.with_values(checkpoint_bytes=0)
+        engine_door = "mcp" in door_ports(settings, doors.mcp, doors.a2a, doors.mcp_url)  # REST, beside the engine
+        service = WorkerService(settings, seat) if engine_door else None
+        _, apps = build_apps(settings, doors.mcp, doors.a2a, doors.mcp_url, service=service)
+        channel = ChannelServer(seat.channel, seat.index, service.handlers()) if service else None
+        # listening only now: until its engine is loaded, a worker takes no connections
+        sockets = {door: bind(settings.serving.host, port, listen=True) for door, (_, port) in apps.items()}
+    except Exception as exc:
+        log.debug("worker %d could not start", seat.index, exc_info=True)
+        messages.send(("failed", f"worker {seat.index} ({seat.role}): {exc}"))
+        raise SystemExit(2) from None
+    messages.send(("ready", os.getpid()))
+    try:
+        serve_apps(settings, apps, tls, sockets)
+    finally:
+        if channel is not None:
+            channel.close(settings.serving.query_timeout_s)
+        if service is not None:
+            service.close()
+        telemetry.shutdown()
+
+
+def _stop_with_supervisor() -> None:
+    """A worker outlives no supervisor (killed, say): it stops as on SIGTERM (the writer checkpoints)."""
+    wait([multiprocessing.parent_process().sentinel])
+    log.warning("the supervisor is gone; stopping")
+    os.kill(os.getpid(), signal.SIGTERM)
