@@ -179,5 +179,5 @@ def test_without_ray_installed_the_cli_says_how_to_get_it(index_dir, command):
 
 
 def test_default_serving_never_imports_ray():
-    code = "import sys, serving.cli, serving.commands, serving.app; sys.exit('ray' in sys.modules)"
+    code = "import sys, cli.main, cli.serve, serving.app; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0
