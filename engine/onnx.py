@@ -1,10 +1,11 @@
-"""The cross-encoder on ONNX Runtime: the same scores as eager torch, about 1.6x faster on a CPU.
+"""Models on ONNX Runtime: the cross-encoder (the same scores as eager torch, about 1.6x faster on a
+CPU).
 
-The model is traced once into ``model.onnx`` (dynamic batch and length) beside its weights, or in
-the user's cache when that folder is read-only, and re-traced when the weights are newer or the
-trace was made by an older recipe (``TRACE`` in the file's metadata). With
-``quantize="int8"`` the trace is quantized once more into ``model-int8.onnx`` (engine/rerank/int8.py), smoothed
-on pairs from ``calibration`` when the caller has text to give (the engine: its index's documents).
+A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
+folder is read-only, and re-traced when the weights are newer or the trace was made by an older
+recipe (``TRACE`` in the file's metadata). With ``quantize="int8"`` the reranker's trace is quantized
+once more into ``model-int8.onnx`` (engine/rerank/int8.py), smoothed on pairs from ``calibration``
+when the caller has text to give (the engine: its index's documents).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,50 +36,73 @@ TRACE = "eager-attention"
 TRACE_KEY = "hybrid_search_trace"
 
 
-def onnx_path(source: str) -> Path:
-    """Where the traced model of ``source`` (a folder or a hub id) lives."""
+def onnx_path(source: str, file: str = ONNX_FILE) -> Path:
+    """Where the traced model ``file`` of ``source`` (a folder or a hub id) lives."""
     folder = Path(source)
     if folder.is_dir() and os.access(folder, os.W_OK):
-        return folder / ONNX_DIR / ONNX_FILE
+        return folder / ONNX_DIR / file
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybrid-search" / ONNX_DIR
-    return cache / hashlib.sha1(str(folder.resolve() if folder.is_dir() else source).encode()).hexdigest() / ONNX_FILE
+    return cache / hashlib.sha1(str(folder.resolve() if folder.is_dir() else source).encode()).hexdigest() / file
 
 
-def export_onnx(model, tokenizer, path: Path) -> None:
-    """Trace a Hugging Face sequence-classification model to ONNX (atomically: temp file + rename),
-    its attention written out in plain operators (``TRACE``), whatever the model serves torch with."""
+def current(path: Path, source: str) -> bool:
+    """Whether the trace at ``path`` serves as it is: made by this ``TRACE``, after ``source``'s weights."""
+    weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
+    return path.is_file() and path.stat().st_mtime >= max(weights, default=0) and recorded(path, TRACE_KEY) == TRACE
+
+
+def export_onnx(transformer, example: Mapping, output: str, path: Path, head=None) -> None:
+    """Trace ``head`` (a module over the Hugging Face ``transformer``; default the transformer itself,
+    its first output) to ONNX atomically (a temp file of this process + rename), the output named
+    ``output`` and inputs shaped like ``example`` (the tokenizer's tensors); the attention is written
+    out in plain operators (``TRACE``), whatever the model serves torch with."""
     import onnx
     import torch
 
-    example = tokenizer(["query"], ["a passage"], return_tensors="pt")
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]
-    axes = {n: {0: "batch", 1: "length"} for n in names} | {"logits": {0: "batch"}}
+    axes = {n: {0: "batch", 1: "length"} for n in names} | {output: {0: "batch"}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    model.eval()
-    serving = model.config._attn_implementation
-    model.set_attn_implementation("eager")
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    transformer.eval()
+    serving = transformer.config._attn_implementation
+    transformer.set_attn_implementation("eager")
     try:
-        with warnings.catch_warnings():  # the tracer's notes on shapes; the tests compare the scores
+        with warnings.catch_warnings():  # the tracer's notes on shapes; the tests compare the outputs
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                model,
+                head or transformer,
                 (),
                 str(partial),
                 kwargs={n: example[n] for n in names},
                 dynamo=False,  # the TorchScript tracer handles BERT's dynamic shapes without onnxscript
                 input_names=names,
-                output_names=["logits"],
+                output_names=[output],
                 dynamic_axes=axes,
                 opset_version=17,
             )
     finally:
-        model.set_attn_implementation(serving)
+        transformer.set_attn_implementation(serving)
     traced = onnx.load(str(partial))
     onnx.helper.set_model_props(traced, {TRACE_KEY: TRACE})
     onnx.save(traced, str(partial))
     partial.replace(path)
-    log.info("reranker traced to ONNX: %s", path)
+    log.info("traced to ONNX: %s", path)
+
+
+def open_session(path: Path, device: str, threads: int):
+    """An ONNX Runtime session of ``path`` on ``threads`` intra-op threads; on CUDA when asked and
+    this ONNX Runtime has the provider, else on the CPU (with a warning)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":
+        providers.insert(0, "CUDAExecutionProvider")
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): %s runs on the CPU", path)
+    return session
 
 
 class OnnxCrossEncoder:
@@ -93,13 +117,12 @@ class OnnxCrossEncoder:
         quantize: str = "none",
         calibration: Callable[[], Pairs] | None = None,
     ) -> None:
-        import onnxruntime as ort
         import torch
 
         path = onnx_path(source)
-        weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
-        if not path.is_file() or path.stat().st_mtime < max(weights, default=0) or recorded(path, TRACE_KEY) != TRACE:
-            export_onnx(cross_encoder.transformers_model, cross_encoder.tokenizer, path)
+        if not current(path, source):
+            example = cross_encoder.tokenizer(["query"], ["a passage"], return_tensors="pt")
+            export_onnx(cross_encoder.transformers_model, example, "logits", path)
         self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
         if quantize == "int8":
             traced, path = path, path.with_name(INT8_FILE)
@@ -107,14 +130,8 @@ class OnnxCrossEncoder:
             if stale or (calibration is not None and recipe(path) != SMOOTHED):
                 pairs = list(calibration()) if calibration is not None else []
                 quantize_int8(traced, path, [self.tokenize(pairs[i : i + 32]) for i in range(0, len(pairs), 32)])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        providers = ["CPUExecutionProvider"]
-        if device == "cuda":
-            providers.insert(0, "CUDAExecutionProvider")
-        self.session = ort.InferenceSession(str(path), options, providers=providers)
-        if device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
-            log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): reranking on the CPU")
+        # a query's 20-100 pairs of ~100 tokens are worth both cores (docs/experiments.md)
+        self.session = open_session(path, device, torch.get_num_threads())
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.max_length = max_length
         self.path = path
