@@ -1,5 +1,5 @@
 """Models on ONNX Runtime: the cross-encoder (the same scores as eager torch, about 1.6x faster on a
-CPU).
+CPU) and the query encoder (the same embeddings as sentence-transformers, ~3x faster for one query).
 
 A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
 folder is read-only, and re-traced when the weights are newer or the trace was made by an older
@@ -10,6 +10,7 @@ when the caller has text to give (the engine: its index's documents).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -28,12 +29,21 @@ log = logging.getLogger(__name__)
 ONNX_DIR = "onnx"
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model-int8.onnx"
+# A name of its own: a sentence-transformers folder may ship an ``onnx/model.onnx`` (the hub's MiniLM
+# does), with other outputs, which a trace must neither be mistaken for nor overwrite.
+ENCODER_FILE = "query-encoder.onnx"
 # The recipe of a trace; a model traced by another one is traced again. "eager-attention": attention
 # written out as plain matrix products. Traced through PyTorch's SDPA, every layer carried the
 # NaN-guarding Where and IsNaN of its mask over the whole score tensor: 10% of a 3-layer model's
 # time on a CPU (103 -> 93 ms for 20 pairs of 96 tokens in int8), for the same scores.
 TRACE = "eager-attention"
 TRACE_KEY = "hybrid_search_trace"
+# Intra-op threads of one query's encoding: none but the caller's. A query is ~10 tokens, so a run is
+# a few small products: on 2 cores a pool of 2 saved ~1 ms of ~2 for a lone query (docs/experiments.md),
+# but its worker spins after each run beside the stages that follow (the reranker's own pool), and
+# with several requests in flight each caller's thread already fills a core: a pool per session would
+# put more threads than cores to work. One thread also keeps concurrent runs independent of each other.
+QUERY_THREADS = 1
 
 
 def onnx_path(source: str, file: str = ONNX_FILE) -> Path:
@@ -144,3 +154,63 @@ class OnnxCrossEncoder:
             features = self.tokenize([pairs[i] for i in rows])
             logits[rows] = self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]
         return logits
+
+
+class OnnxQueryEncoder:
+    """One text's embedding as ``SentenceTransformer.encode(..., normalize_embeddings=True)`` gives it:
+    the transformer traced with sentence-transformers' mean pooling and L2 normalisation in the graph
+    (:func:`mean_pooled`), fed by the fast tokenizer itself.
+
+    Thread-safe without a lock: an ONNX Runtime session takes concurrent runs, and the tokenizer is
+    this object's own copy, its truncation set once (the Hugging Face wrapper re-sets truncation and
+    padding whenever a call asks for others, which can fail a concurrent call with "Already
+    borrowed"). ``QUERY_THREADS`` says why one thread a run.
+    """
+
+    runtime = "onnx"
+
+    def __init__(self, model, source: str, device: str) -> None:
+        """``model``: the served ``SentenceTransformer`` of ``source`` (its tokenizer and, when no
+        current trace exists, its weights, traced in fp32 on the CPU whatever the served copy is)."""
+        from tokenizers import Tokenizer
+
+        path = onnx_path(source, ENCODER_FILE)
+        if not current(path, source):
+            transformer = model[0].auto_model
+            if device != "cpu":
+                transformer = copy.deepcopy(transformer).float().cpu()
+            example = model.tokenizer(["a query"], return_tensors="pt")
+            export_onnx(transformer, example, "sentence_embedding", path, mean_pooled(transformer))
+        self.tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(model.max_seq_length)
+        self.session = open_session(path, device, QUERY_THREADS)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.path = path
+
+    def __call__(self, text: str) -> np.ndarray:
+        """The (1, dim) float32 embedding of ``text``."""
+        e = self.tokenizer.encode(text)
+        columns = {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
+        return self.session.run(None, {name: np.asarray([columns[name]], dtype=np.int64) for name in self.inputs})[0]
+
+
+def mean_pooled(transformer):
+    """``transformer`` followed by the arithmetic of sentence-transformers' ``Pooling`` (mean over the
+    tokens the mask keeps, count floored at 1e-9) and ``Normalize`` (L2, norm floored at 1e-12)."""
+    import torch
+
+    class MeanPooled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = transformer
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            hidden = self.transformer(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=-1)
+
+    return MeanPooled()
