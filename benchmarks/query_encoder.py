@@ -5,9 +5,10 @@
 Every dev query is encoded on both runtimes and compared (cosine; the minimum is what counts). Then
 each runtime encodes the dev queries one at a time, from one thread and from two threads at once
 (each all of them, as two concurrent requests would), in ``--rounds`` rounds that alternate the
-runtimes; p50 / p95 ms a call and queries per second. ``onnx, pool of 2`` is the same trace on a
-two-thread intra-op pool, which ``QUERY_THREADS`` (engine/onnx.py) declines, for comparison. The
-CPU's model and a matmul's GFLOP/s are in the result's provenance.
+runtimes; p50 / p95 ms a call and queries per second. Threads are set up as ``serve`` sets them.
+``onnx, pool of 2`` is the same trace on a two-thread intra-op pool, which ``QUERY_THREADS``
+(engine/onnx.py) declines, for comparison. The CPU's model and a matmul's GFLOP/s are in the
+result's provenance.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import threads
 from engine.config import Settings
 from engine.onnx import OnnxQueryEncoder, open_session
 from engine.retrieval.encoder import TorchQueryEncoder, load_encoder, load_query_encoder
@@ -52,6 +54,7 @@ def timed(encoder: Callable[[str], np.ndarray], queries: list[str], callers: int
 
 
 def main() -> None:
+    threads.for_queries()  # as `serve` runs: before torch loads
     import onnxruntime
     import torch
 
