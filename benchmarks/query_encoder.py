@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def main() -> None:
     pooled.session = open_session(served.path, "cpu", 2)
     runtimes = {"torch": TorchQueryEncoder(model), "onnx": served, "onnx, pool of 2": pooled}
     cosines = [float(served(q)[0] @ runtimes["torch"](q)[0]) for q in queries]
+    load_before = os.getloadavg()[0]
     for encoder in runtimes.values():  # warm up: first calls allocate
         timed(encoder, queries[:20], 1)
     samples: dict[tuple[str, int], list[float]] = {}
@@ -93,6 +95,7 @@ def main() -> None:
         "cosine_min": min(cosines),
         "cosine_mean": float(np.mean(cosines)),
         "rows": rows,
+        "load_average_1min": [load_before, os.getloadavg()[0]],  # before and after: other work on the cores
         "torch_threads": torch.get_num_threads(),
         "onnxruntime": onnxruntime.__version__,
     }
