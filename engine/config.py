@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     hnsw_ef_search: int = Field(128, ge=1)
     query_encoder_runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto",
-        description="what encodes a query: auto = ONNX Runtime on a CPU (the same embeddings, ~3x faster), torch"
+        description="what encodes a query: auto = ONNX Runtime on a CPU (the same embeddings, 3-4x faster), torch"
         " on CUDA; batches (build, ingest) stay on torch",
     )
     memory_split: str | None = Field(

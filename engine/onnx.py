@@ -1,5 +1,5 @@
 """Models on ONNX Runtime: the cross-encoder (the same scores as eager torch, about 1.6x faster on a
-CPU) and the query encoder (the same embeddings as sentence-transformers, ~3x faster for one query).
+CPU) and the query encoder (the same embeddings as sentence-transformers, 3-4x faster a query).
 
 A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
 folder is read-only, and re-traced when the weights are newer or the trace was made by an older
@@ -38,11 +38,11 @@ ENCODER_FILE = "query-encoder.onnx"
 # time on a CPU (103 -> 93 ms for 20 pairs of 96 tokens in int8), for the same scores.
 TRACE = "eager-attention"
 TRACE_KEY = "hybrid_search_trace"
-# Intra-op threads of one query's encoding: none but the caller's. A query is ~10 tokens, so a run is
-# a few small products: on 2 cores a pool of 2 saved ~1 ms of ~2 for a lone query (docs/experiments.md),
-# but its worker spins after each run beside the stages that follow (the reranker's own pool), and
-# with several requests in flight each caller's thread already fills a core: a pool per session would
-# put more threads than cores to work. One thread also keeps concurrent runs independent of each other.
+# Intra-op threads of one query's encoding: none but the caller's. A query is ~10 tokens, a few small
+# products: on 2 cores a pool of 2 saved ~1 ms of ~2 for a lone caller at best, and on the cores shared
+# with other work it was slower even alone (2.3 -> 5.7 ms p50, docs/experiments.md). Its worker spins after
+# each run beside the stages that follow (the reranker's own pool), and with several requests in
+# flight each caller's thread already fills a core, so a pool would put more threads than cores to work.
 QUERY_THREADS = 1
 
 

@@ -72,7 +72,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--query-encoder-runtime",
         choices=["auto", "torch", "onnx"],
-        help="what encodes a query: auto = ONNX Runtime on CPU (same embeddings, ~3x faster), torch on CUDA",
+        help="what encodes a query: auto = ONNX Runtime on CPU (same embeddings, 3-4x faster), torch on CUDA",
     )
     g.add_argument("--memory-weight", type=float, help="judgment-memory weight in RRF (default 1.5)")
     g.add_argument(
