@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.retrieval.dense import encode
+from engine.retrieval.encoder import QueryEncoder
 from engine.text import split_sentences
 
 FOLLOW_UP_WEIGHT = 0.5  # the previous question's share when a question leans on it
@@ -58,10 +59,13 @@ class Answer:
 
 
 class ExtractiveResponder:
-    """Best sentences of the context, with citations; ``encoder`` is the index's sentence encoder."""
+    """Best sentences of the context, with citations; ``encoder`` is the index's sentence encoder
+    (the context's sentences, batched), ``query_encoder`` its query encoder (one question at a time,
+    as a search encodes its query)."""
 
-    def __init__(self, encoder, max_sentences: int = 3) -> None:
+    def __init__(self, encoder, query_encoder: QueryEncoder, max_sentences: int = 3) -> None:
         self.encoder = encoder
+        self.query_encoder = query_encoder
         self.max_sentences = max_sentences
 
     def tokens(self, *texts: str) -> int:
@@ -85,9 +89,9 @@ class ExtractiveResponder:
         if not pieces:
             return Answer("The context holds nothing to answer from.", [], seconds=time.perf_counter() - started)
         vectors = encode(self.encoder, [s for _, s in pieces], SENTENCE_BATCH)
-        scores = vectors @ encode(self.encoder, [question.text])[0]
+        scores = vectors @ self.query_encoder(question.text)[0]
         if previous:
-            scores = scores + FOLLOW_UP_WEIGHT * (vectors @ encode(self.encoder, [previous])[0])
+            scores = scores + FOLLOW_UP_WEIGHT * (vectors @ self.query_encoder(previous)[0])
             scores = scores / (1 + FOLLOW_UP_WEIGHT)
         chosen: list[int] = []
         budget = question.max_tokens

@@ -64,7 +64,7 @@ def build_responder(engine, settings: AgentSettings, timeout_s: float = 30.0):
     from agents.responder import ExtractiveResponder
 
     s = settings
-    responder = ExtractiveResponder(engine.dense.encoder)
+    responder = ExtractiveResponder(engine.dense.encoder, engine.dense.query_encoder)
     if s.llm_url:
         return ChatResponder(s.llm_url, s.llm_model, s.llm_api_key, responder, timeout_s, s.llm_fallback)
     return responder

@@ -43,6 +43,11 @@ class EngineSettings(BaseModel):
     bm25_weight: float = Field(1.0, ge=0, description="BM25 weight in RRF")
     dense_weight: float = Field(1.0, ge=0, description="dense weight in RRF")
     hnsw_ef_search: int = Field(128, ge=1, description="HNSW search breadth (an hnsw dense index only)")
+    query_encoder_runtime: Literal["auto", "torch", "onnx"] = Field(
+        "auto",
+        description="what encodes a query: auto = ONNX Runtime on a CPU (the same embeddings, 3-4x faster), torch"
+        " on CUDA; batches (build, ingest) stay on torch",
+    )
     memory: bool = Field(True, description="fuse the judgment memory when the index has one")
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote in the judgment memory")
     memory_depth: int = Field(100, ge=1, description="judgment-memory candidates to fuse")

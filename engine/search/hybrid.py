@@ -20,7 +20,7 @@ from engine.rerank.batching import RerankBatcher
 from engine.rerank.cross_encoder import RerankerError, Scorer
 from engine.rerank.loading import open_reranker
 from engine.retrieval.dense import DenseRetriever, encode
-from engine.retrieval.encoder import load_encoder, pick_device
+from engine.retrieval.encoder import load_encoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
 from engine.search import stages
@@ -74,8 +74,9 @@ class HybridEngine:
         self.store = DocStore(index_dir / DOCS_FILE)
         self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
         encoder = load_encoder(self.manifest.encoder, self.device)
+        query_encoder = load_query_encoder(encoder, self.manifest.encoder, self.device, settings.query_encoder_runtime)
         dense_path, dense_seq = latest_dense(index_dir)
-        self.dense = DenseRetriever(dense_path, encoder, settings.hnsw_ef_search, self.device, writable)
+        self.dense = DenseRetriever(dense_path, encoder, query_encoder, settings.hnsw_ef_search, self.device, writable)
         if writable and not self.dense.accepts_deletes:
             raise IndexDirError(
                 f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
@@ -250,6 +251,7 @@ class HybridEngine:
             if calibrated
             else "query-chunk cosine in 0-1, falling down the list; not a probability (no training judgments)",
             "reranker": r.name if r else None,
+            "query_encoder_runtime": self.dense.query_encoder.runtime,
             "reranker_runtime": r.runtime if r else None,
             "rerank_depth": self.rerank_depth,
             "rerank_blend": s.rerank_blend if r else None,

@@ -1,0 +1,216 @@
+"""Models on ONNX Runtime: the cross-encoder (the same scores as eager torch, about 1.6x faster on a
+CPU) and the query encoder (the same embeddings as sentence-transformers, 3-4x faster a query).
+
+A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
+folder is read-only, and re-traced when the weights are newer or the trace was made by an older
+recipe (``TRACE`` in the file's metadata). With ``quantize="int8"`` the reranker's trace is quantized
+once more into ``model-int8.onnx`` (engine/rerank/int8.py), smoothed on pairs from ``calibration``
+when the caller has text to give (the engine: its index's documents).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engine.rerank.int8 import SMOOTHED, quantize_int8, recipe, recorded
+from engine.rerank.pair_tokens import PairTokenizer
+
+Pairs = Sequence[tuple[str, str]]
+
+log = logging.getLogger(__name__)
+ONNX_DIR = "onnx"
+ONNX_FILE = "model.onnx"
+INT8_FILE = "model-int8.onnx"
+# A name of its own: a sentence-transformers folder may ship an ``onnx/model.onnx`` (the hub's MiniLM
+# does), with other outputs, which a trace must neither be mistaken for nor overwrite.
+ENCODER_FILE = "query-encoder.onnx"
+# The recipe of a trace; a model traced by another one is traced again. "eager-attention": attention
+# written out as plain matrix products. Traced through PyTorch's SDPA, every layer carried the
+# NaN-guarding Where and IsNaN of its mask over the whole score tensor: 10% of a 3-layer model's
+# time on a CPU (103 -> 93 ms for 20 pairs of 96 tokens in int8), for the same scores.
+TRACE = "eager-attention"
+TRACE_KEY = "hybrid_search_trace"
+# Intra-op threads of one query's encoding: none but the caller's. A query is ~10 tokens, a few small
+# products: on 2 cores a pool of 2 saved ~1 ms of ~2 for a lone caller at best, and on the cores shared
+# with other work it was slower even alone (2.3 -> 5.7 ms p50, docs/experiments.md). Its worker spins after
+# each run beside the stages that follow (the reranker's own pool), and with several requests in
+# flight each caller's thread already fills a core, so a pool would put more threads than cores to work.
+QUERY_THREADS = 1
+
+
+def onnx_path(source: str, file: str = ONNX_FILE) -> Path:
+    """Where the traced model ``file`` of ``source`` (a folder or a hub id) lives."""
+    folder = Path(source)
+    if folder.is_dir() and os.access(folder, os.W_OK):
+        return folder / ONNX_DIR / file
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybrid-search" / ONNX_DIR
+    return cache / hashlib.sha1(str(folder.resolve() if folder.is_dir() else source).encode()).hexdigest() / file
+
+
+def current(path: Path, source: str) -> bool:
+    """Whether the trace at ``path`` serves as it is: made by this ``TRACE``, after ``source``'s weights."""
+    weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
+    return path.is_file() and path.stat().st_mtime >= max(weights, default=0) and recorded(path, TRACE_KEY) == TRACE
+
+
+def export_onnx(transformer, example: Mapping, output: str, path: Path, head=None) -> None:
+    """Trace ``head`` (a module over the Hugging Face ``transformer``; default the transformer itself,
+    its first output) to ONNX atomically (a temp file of this process + rename), the output named
+    ``output`` and inputs shaped like ``example`` (the tokenizer's tensors); the attention is written
+    out in plain operators (``TRACE``), whatever the model serves torch with."""
+    import onnx
+    import torch
+
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]
+    axes = {n: {0: "batch", 1: "length"} for n in names} | {output: {0: "batch"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    transformer.eval()
+    serving = transformer.config._attn_implementation
+    transformer.set_attn_implementation("eager")
+    try:
+        with warnings.catch_warnings():  # the tracer's notes on shapes; the tests compare the outputs
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                head or transformer,
+                (),
+                str(partial),
+                kwargs={n: example[n] for n in names},
+                dynamo=False,  # the TorchScript tracer handles BERT's dynamic shapes without onnxscript
+                input_names=names,
+                output_names=[output],
+                dynamic_axes=axes,
+                opset_version=17,
+            )
+    finally:
+        transformer.set_attn_implementation(serving)
+    traced = onnx.load(str(partial))
+    onnx.helper.set_model_props(traced, {TRACE_KEY: TRACE})
+    onnx.save(traced, str(partial))
+    partial.replace(path)
+    log.info("traced to ONNX: %s", path)
+
+
+def open_session(path: Path, device: str, threads: int):
+    """An ONNX Runtime session of ``path`` on ``threads`` intra-op threads; on CUDA when asked and
+    this ONNX Runtime has the provider, else on the CPU (with a warning)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":
+        providers.insert(0, "CUDAExecutionProvider")
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): %s runs on the CPU", path)
+    return session
+
+
+class OnnxCrossEncoder:
+    """``logits`` like ``CrossEncoder.predict`` without the activation (length-sorted batches)."""
+
+    def __init__(
+        self,
+        cross_encoder,
+        source: str,
+        device: str,
+        max_length: int,
+        quantize: str = "none",
+        calibration: Callable[[], Pairs] | None = None,
+    ) -> None:
+        import torch
+
+        path = onnx_path(source)
+        if not current(path, source):
+            example = cross_encoder.tokenizer(["query"], ["a passage"], return_tensors="pt")
+            export_onnx(cross_encoder.transformers_model, example, "logits", path)
+        self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
+        if quantize == "int8":
+            traced, path = path, path.with_name(INT8_FILE)
+            stale = not path.is_file() or path.stat().st_mtime < traced.stat().st_mtime
+            if stale or (calibration is not None and recipe(path) != SMOOTHED):
+                pairs = list(calibration()) if calibration is not None else []
+                quantize_int8(traced, path, [self.tokenize(pairs[i : i + 32]) for i in range(0, len(pairs), 32)])
+        # a query's 20-100 pairs of ~100 tokens are worth both cores (docs/experiments.md)
+        self.session = open_session(path, device, torch.get_num_threads())
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.max_length = max_length
+        self.path = path
+
+    def logits(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        logits = np.empty(len(pairs), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            features = self.tokenize([pairs[i] for i in rows])
+            logits[rows] = self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]
+        return logits
+
+
+class OnnxQueryEncoder:
+    """One text's embedding as ``SentenceTransformer.encode(..., normalize_embeddings=True)`` gives it:
+    the transformer traced with sentence-transformers' mean pooling and L2 normalisation in the graph
+    (:func:`mean_pooled`), fed by the fast tokenizer itself.
+
+    Thread-safe without a lock: an ONNX Runtime session takes concurrent runs, and the tokenizer is
+    this object's own copy, its truncation set once (the Hugging Face wrapper re-sets truncation and
+    padding whenever a call asks for others, which can fail a concurrent call with "Already
+    borrowed"). ``QUERY_THREADS`` says why one thread a run.
+    """
+
+    runtime = "onnx"
+
+    def __init__(self, model, source: str, device: str) -> None:
+        """``model``: the served ``SentenceTransformer`` of ``source`` (its tokenizer and, when no
+        current trace exists, its weights, traced in fp32 on the CPU whatever the served copy is)."""
+        from tokenizers import Tokenizer
+
+        path = onnx_path(source, ENCODER_FILE)
+        if not current(path, source):
+            transformer = model[0].auto_model
+            if device != "cpu":
+                transformer = copy.deepcopy(transformer).float().cpu()
+            example = model.tokenizer(["a query"], return_tensors="pt")
+            export_onnx(transformer, example, "sentence_embedding", path, mean_pooled(transformer))
+        self.tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(model.max_seq_length)
+        self.session = open_session(path, device, QUERY_THREADS)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.path = path
+
+    def __call__(self, text: str) -> np.ndarray:
+        """The (1, dim) float32 embedding of ``text``."""
+        e = self.tokenizer.encode(text)
+        columns = {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
+        return self.session.run(None, {name: np.asarray([columns[name]], dtype=np.int64) for name in self.inputs})[0]
+
+
+def mean_pooled(transformer):
+    """``transformer`` followed by the arithmetic of sentence-transformers' ``Pooling`` (mean over the
+    tokens the mask keeps, count floored at 1e-9) and ``Normalize`` (L2, norm floored at 1e-12)."""
+    import torch
+
+    class MeanPooled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = transformer
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            hidden = self.transformer(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=-1)
+
+    return MeanPooled()

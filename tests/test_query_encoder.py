@@ -1,0 +1,90 @@
+"""The query encoder on ONNX Runtime: torch's embeddings, one trace, safe under concurrent calls."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+# NFCorpus dev queries (the shortest, the longest, capitals, punctuation, quotes), then text the dev
+# set lacks: accents and symbols, doubled spaces, and one past the model's 256 tokens (truncated)
+QUERIES = [
+    "ALS",
+    "Bugs & Drugs in Pork: Yersinia and Ractopamine",
+    "Nuts Don't Cause Expected Weight Gain",
+    "Latest in Clinical Nutrition Volume 10 Now on DVD",
+    'EPA dioxin limit has National Chicken Council worried products could be declared "unfit for consumption"',
+    "Is multivitamin use really associated to an increased risk of breast cancer?",
+    "Café  naïve   β-carotene ≥ 5 µg/day — Ørsted's résumé",
+    " ".join(["vitamin D and the risk of falls in the elderly"] * 40),
+]
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    from engine.retrieval.encoder import load_encoder
+
+    return load_encoder(minilm_path, "cpu")
+
+
+def test_onnx_embeddings_are_torchs(minilm, minilm_path):
+    from engine.retrieval.dense import encode
+    from engine.retrieval.encoder import load_query_encoder
+
+    encoder = load_query_encoder(minilm, minilm_path, "cpu")
+    assert encoder.runtime == "onnx" and encoder.path.is_file()
+    for query in QUERIES:
+        vector, expected = encoder(query), encode(minilm, [query])
+        assert vector.shape == expected.shape == (1, 384) and vector.dtype == np.float32
+        assert float(vector[0] @ expected[0]) > 0.999, query
+        assert abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+
+
+def test_trace_is_made_once(minilm, minilm_path, monkeypatch):
+    import engine.onnx
+    from engine.onnx import OnnxQueryEncoder
+
+    traced = OnnxQueryEncoder(minilm, minilm_path, "cpu").path
+    made = traced.stat().st_mtime_ns
+
+    def trace_again(*args, **kwargs):
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(engine.onnx, "export_onnx", trace_again)
+    assert OnnxQueryEncoder(minilm, minilm_path, "cpu").path == traced
+    assert traced.stat().st_mtime_ns == made
+
+
+def test_concurrent_calls_agree(minilm, minilm_path):
+    from engine.onnx import OnnxQueryEncoder
+
+    encoder = OnnxQueryEncoder(minilm, minilm_path, "cpu")
+    alone = [encoder(q) for q in QUERIES]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(encoder, QUERIES * 8))
+    assert all(np.array_equal(v, alone[i % len(QUERIES)]) for i, v in enumerate(together))
+
+
+def test_torch_serves_when_onnx_cannot(minilm, minilm_path, monkeypatch, caplog):
+    import engine.onnx
+    from engine.retrieval.encoder import load_query_encoder
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the tracer broke")
+
+    monkeypatch.setattr(engine.onnx, "current", lambda path, source: False)
+    monkeypatch.setattr(engine.onnx, "export_onnx", broken)
+    with caplog.at_level(logging.WARNING):
+        assert load_query_encoder(minilm, minilm_path, "cpu", "auto").runtime == "torch"
+    assert "the tracer broke" in caplog.text
+    with pytest.raises(RuntimeError, match="the tracer broke"):
+        load_query_encoder(minilm, minilm_path, "cpu", "onnx")
+    assert load_query_encoder(minilm, minilm_path, "cpu", "torch").runtime == "torch"
+    assert load_query_encoder(minilm, minilm_path, "cuda", "auto").runtime == "torch"  # the fp16 GPU model
+
+
+def test_engine_encodes_queries_on_onnx_on_a_cpu(engine):
+    assert engine.describe()["query_encoder_runtime"] == "onnx"
+    assert engine.dense.encode_query("caffeine and the liver").shape == (1, 384)
