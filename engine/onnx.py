@@ -1,5 +1,6 @@
-"""Models on ONNX Runtime: the cross-encoder (the same scores as eager torch, about 1.6x faster on a
-CPU) and the query encoder (the same embeddings as sentence-transformers, 3-4x faster a query).
+"""Models on ONNX Runtime: tracing, sessions, and the query encoder (the same embeddings as
+sentence-transformers, 3-4x faster a query); the cross-encoder's session is the reranker's own
+(:mod:`engine.rerank.onnx`: the same scores as eager torch, about 1.6x faster on a CPU).
 
 A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
 folder is read-only, and re-traced when the weights are newer or the trace was made by an older
@@ -15,15 +16,10 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-
-from engine.rerank.int8 import SMOOTHED, quantize_int8, recipe, recorded
-from engine.rerank.pair_tokens import PairTokenizer
-
-Pairs = Sequence[tuple[str, str]]
 
 log = logging.getLogger(__name__)
 ONNX_DIR = "onnx"
@@ -99,6 +95,14 @@ def export_onnx(transformer, example: Mapping, output: str, path: Path, head=Non
     log.info("traced to ONNX: %s", path)
 
 
+def recorded(path: Path, key: str) -> str | None:
+    """The value the ONNX file ``path`` records under ``key`` in its metadata, if any."""
+    import onnx
+
+    props = onnx.load(str(path), load_external_data=False).metadata_props
+    return next((p.value for p in props if p.key == key), None)
+
+
 def open_session(path: Path, device: str, threads: int):
     """An ONNX Runtime session of ``path`` on ``threads`` intra-op threads; on CUDA when asked and
     this ONNX Runtime has the provider, else on the CPU (with a warning)."""
@@ -113,47 +117,6 @@ def open_session(path: Path, device: str, threads: int):
     if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
         log.warning("ONNX Runtime has no CUDA provider here (install onnxruntime-gpu): %s runs on the CPU", path)
     return session
-
-
-class OnnxCrossEncoder:
-    """``logits`` like ``CrossEncoder.predict`` without the activation (length-sorted batches)."""
-
-    def __init__(
-        self,
-        cross_encoder,
-        source: str,
-        device: str,
-        max_length: int,
-        quantize: str = "none",
-        calibration: Callable[[], Pairs] | None = None,
-    ) -> None:
-        import torch
-
-        path = onnx_path(source)
-        if not current(path, source):
-            example = cross_encoder.tokenizer(["query"], ["a passage"], return_tensors="pt")
-            export_onnx(cross_encoder.transformers_model, example, "logits", path)
-        self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
-        if quantize == "int8":
-            traced, path = path, path.with_name(INT8_FILE)
-            stale = not path.is_file() or path.stat().st_mtime < traced.stat().st_mtime
-            if stale or (calibration is not None and recipe(path) != SMOOTHED):
-                pairs = list(calibration()) if calibration is not None else []
-                quantize_int8(traced, path, [self.tokenize(pairs[i : i + 32]) for i in range(0, len(pairs), 32)])
-        # a query's 20-100 pairs of ~100 tokens are worth both cores (docs/experiments.md)
-        self.session = open_session(path, device, torch.get_num_threads())
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.max_length = max_length
-        self.path = path
-
-    def logits(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
-        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-        logits = np.empty(len(pairs), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            features = self.tokenize([pairs[i] for i in rows])
-            logits[rows] = self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]
-        return logits
 
 
 class OnnxQueryEncoder:

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"engine": 1, "offline": 2, "index_build": 3, "agents": 3, "serving": 4, "cli": 5, "benchmarks": 6}
 # inside the engine: the ground (models and plumbing), storage, the stages, live writes, the pipeline
 ENGINE = {
-    **dict.fromkeys(("settings", "documents", "errors", "text", "health", "telemetry", "threads"), 0),
+    **dict.fromkeys(("settings", "documents", "errors", "text", "health", "telemetry", "threads", "onnx"), 0),
     "store": 1,
     "retrieval": 2,
     "rerank": 3,

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.onnx import OnnxCrossEncoder, Pairs
+from engine.rerank.onnx import OnnxCrossEncoder, Pairs
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairTokenizer
 from engine.retrieval.encoder import resolve_model

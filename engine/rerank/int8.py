@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.onnx import recorded
+
 log = logging.getLogger(__name__)
 # Share of each channel's range moved into the weights: 0.5 (the paper's default for LLMs) lost
 # agreement here (rho 0.913), 0.7 / 0.8 / 0.9 / 1.0 gave 0.972 / 0.982 / 0.986 / 0.984.
@@ -67,14 +69,6 @@ def quantize_int8(traced: Path, path: Path, calibration: Sequence[Feed] = ()) ->
 def recipe(path: Path) -> str | None:
     """How ``path`` was quantized (None: before recipes were recorded)."""
     return recorded(path, RECIPE_KEY)
-
-
-def recorded(path: Path, key: str) -> str | None:
-    """The value the ONNX file ``path`` records under ``key`` in its metadata, if any."""
-    import onnx
-
-    props = onnx.load(str(path), load_external_data=False).metadata_props
-    return next((p.value for p in props if p.key == key), None)
 
 
 def _weighted_products(model) -> dict[str, list[int]]:
