@@ -45,15 +45,18 @@ def fusion_features(query: str, found: Mapping[str, Ranking], fused: Ranking) ->
     """One row of :data:`FEATURES` per fused candidate, in ``fused`` order.
 
     ``found`` maps each name in :data:`RETRIEVERS` to that retriever's ranking (an empty one when
-    the index has no judgment memory)."""
-    lookup = {name: {d: (r, s) for r, (d, s) in enumerate(found.get(name, ()), 1)} for name in RETRIEVERS}
-    terms = len(query.split())
-    rows = []
-    for rank, (doc_id, score) in enumerate(fused, 1):
-        per = [lookup[name].get(doc_id, (ABSENT_RANK, 0.0)) for name in RETRIEVERS]
-        agree = sum(doc_id in lookup[name] for name in RETRIEVERS)
-        rows.append([v for pair in per for v in pair] + [rank, score, agree, terms])
-    return np.asarray(rows, dtype=np.float64).reshape(-1, len(FEATURES))
+    the index has no judgment memory). Built a column at a time: one dictionary lookup a candidate
+    and retriever, the rest in numpy (a query's ~250 candidates, every search)."""
+    ids = [doc_id for doc_id, _ in fused]
+    features = np.empty((len(ids), len(FEATURES)), dtype=np.float64)
+    for column, name in enumerate(RETRIEVERS):
+        lookup = {d: (r, s) for r, (d, s) in enumerate(found.get(name, ()), 1)}
+        features[:, 2 * column : 2 * column + 2] = [lookup.get(d, (ABSENT_RANK, 0.0)) for d in ids] or np.empty((0, 2))
+    features[:, 6] = np.arange(1, len(ids) + 1)
+    features[:, 7] = [score for _, score in fused]
+    features[:, 8] = (features[:, 0 : 2 * len(RETRIEVERS) : 2] != ABSENT_RANK).sum(axis=1)
+    features[:, 9] = len(query.split())
+    return features
 
 
 class LearnedFusion:
