@@ -24,7 +24,7 @@ import pytest
 from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from tests.helpers import jsonrpc_send
 
-STAGES = ["bm25", "encode", "dense", "memory", "fusion"]  # the tiny index has no reranker
+STAGES = ["encode", "bm25", "dense", "memory", "fusion"]  # the tiny index has no reranker
 SERVER, INTERNAL, ERROR = 2, 1, 2  # OTLP's SPAN_KIND_SERVER, SPAN_KIND_INTERNAL, STATUS_CODE_ERROR
 
 
