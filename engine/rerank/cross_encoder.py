@@ -14,13 +14,10 @@ from engine.rerank.onnx import OnnxCrossEncoder, Pairs
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairTokenizer
 from engine.retrieval.encoder import resolve_model
+from engine.store.tokens import CHARS_PER_TOKEN
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"  # written by `train-reranker`; a model from elsewhere may have none
-# Characters of a passage kept per token of ``max_length`` before tokenizing: a WordPiece token of an
-# NFCorpus abstract averages 4.6 characters (2.9-6.4 over 500 of them), so truncation keeps the same
-# tokens, but the tokenizer no longer reads whole abstracts only to drop most of them.
-CHARS_PER_TOKEN = 16
 
 
 class RerankerError(RuntimeError):
