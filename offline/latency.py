@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from engine.search import SearchOptions
+from engine.search.stopwatch import STAGES as TIMED
 from offline.records import write_result
 
-STAGES = ("bm25", "encode", "dense", "memory", "fusion", "rerank", "total")
+STAGES = (*TIMED, "total")
 
 
 def machine_name() -> str:
