@@ -61,7 +61,7 @@ class PairAssembler:
             return None
         return cls(text, max_length, cls_id, sep_id)
 
-    def rows(self, query: str, passages: Sequence[PassageTokens | None]) -> list[PairRow | None]:
+    def rows(self, query: str, passages: Sequence[PassageTokens]) -> list[PairRow | None]:
         """Each passage's pair with ``query``, or None where only the text path gives it exactly."""
         query_ids = self.tokenizer.ids(query)
         room = self.max_length - len(query_ids) - 3
@@ -70,7 +70,7 @@ class PairAssembler:
         head = np.concatenate((self.cls, query_ids, self.tail))
         types = np.ones(self.max_length, dtype=np.int64)
         types[: len(head)] = 0
-        return [None if p is None else self._row(head, types, p, room) for p in passages]
+        return [self._row(head, types, p, room) for p in passages]
 
     def _row(self, head: np.ndarray, types: np.ndarray, p: PassageTokens, room: int) -> PairRow | None:
         context = p.context[:room]

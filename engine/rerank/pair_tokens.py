@@ -53,8 +53,9 @@ class PairTokenizer:
     it would have had whole. A query too long to leave the passage any room is cut too (longest
     first: the two share the window) rather than failing the pair; that split follows the passage as
     first read, so it can give the query one token more than the Hugging Face tokenizer would with
-    the whole passage (pairs made from token ids leave such queries here, and agree with this path). Uses its own copies of
-    the fast tokenizer's pipeline: thread-safe, and the caller's tokenizer keeps its own settings.
+    the whole passage (pairs made from token ids leave such queries here, and agree with this path).
+    Uses its own copies of the fast tokenizer's pipeline: thread-safe, and the caller's tokenizer
+    keeps its own settings.
     """
 
     def __init__(self, tokenizer, max_length: int) -> None:
