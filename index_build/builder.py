@@ -32,6 +32,7 @@ from engine.store.index_dir import (
     Manifest,
     read_manifest,
 )
+from engine.store.tokens import TextTokenizer, TextTokens
 from engine.text import chunk_text
 from index_build.corpus import Corpus, open_corpus
 from index_build.settings import BuildSettings
@@ -87,10 +88,12 @@ def build_index(
         import faiss
 
         faiss.write_index(build_faiss(vectors, build.dense_index, build.hnsw_m), str(tmp / DENSE_FILE))
-        _write_store(tmp / DOCS_FILE, docs)
+        # the rerankers' token ids: every MiniLM reranker shares the encoder's tokenizer
+        tokenizer = TextTokenizer(encoder.tokenizer)
+        _write_store(tmp / DOCS_FILE, docs, tokenizer(texts))
         dataset = corpus.dataset
         memory = (
-            _build_memory(tmp / MEMORY_DIR, dataset, build.memory_split, settings, encoder)
+            _build_memory(tmp / MEMORY_DIR, dataset, build.memory_split, settings, encoder, tokenizer)
             if dataset is not None
             else {}
         )
@@ -103,6 +106,7 @@ def build_index(
             dense_index=build.dense_index,
             bm25={"k1": settings.bm25_k1, "b": settings.bm25_b},
             memory=memory,
+            passage_tokens=tokenizer.recipe,
             versions=_versions(),
             build_seconds=round(time.perf_counter() - started, 2),
             built_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -139,15 +143,23 @@ def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
     index.close()
 
 
-def _write_store(path: Path, docs: list[dict]) -> None:
-    """Every document; its chunks' rows are their positions in the build (the dense index's ids)."""
+def _write_store(path: Path, docs: list[dict], tokens: list[TextTokens]) -> None:
+    """Every document with its chunks' token ids; the chunks' rows are their positions in the build
+    (the dense index's ids)."""
     store = DocStore(path)
-    rows = iter(range(sum(len(d["chunks"]) for d in docs)))
-    store.write_documents((doc, [next(rows) for _ in doc["chunks"]]) for doc in docs)
+    start = 0
+    placed = []
+    for doc in docs:
+        rows = list(range(start, start + len(doc["chunks"])))
+        placed.append((doc, rows, tokens[start : start + len(rows)]))
+        start += len(rows)
+    store.write_documents(placed)
     store.close()
 
 
-def _build_memory(folder: Path, dataset: Dataset, split: str | None, settings: EngineSettings, encoder) -> dict:
+def _build_memory(
+    folder: Path, dataset: Dataset, split: str | None, settings: EngineSettings, encoder, tokenizer: TextTokenizer
+) -> dict:
     """Embed the training queries that have positive judgments; skipped when there are none."""
     if split == "auto":
         split = dataset.training_split()
@@ -158,7 +170,7 @@ def _build_memory(folder: Path, dataset: Dataset, split: str | None, settings: E
     query_ids = sorted(q for q, docs in qrels.items() if any(g > 0 for g in docs.values()))
     texts = [dataset.queries[q] for q in query_ids]
     vectors = encode(encoder, texts, settings.encode_batch_size)
-    write_memory(folder, vectors, qrels, query_ids, texts)
+    write_memory(folder, vectors, qrels, query_ids, texts, tokenizer)
     return {"split": split, "queries": len(query_ids)}
 
 

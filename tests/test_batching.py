@@ -2,8 +2,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.rerank.batching import RerankBatcher
+from engine.rerank.batching import RerankBatcher, score_together
 from engine.rerank.cross_encoder import Reranker
+from engine.rerank.pair_assembly import PassageTokens
 from offline.dataset import load_dataset
 
 
@@ -15,11 +16,20 @@ def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir,
     ]
     alone = [reranker.score(q, p) for q, p in jobs]
     batcher = RerankBatcher(reranker, max_wait_s=0.2)
+
+    def from_ids(job: tuple[str, list[str]]) -> list[float]:  # the pairs made from the passages' ids
+        query, passages = job
+        ids = [PassageTokens(t, len(p)) for t, p in zip(reranker.text_tokens(passages), passages, strict=True)]
+        return batcher.score(query, passages, ids)
+
     try:
         with ThreadPoolExecutor(max_workers=12) as pool:
             together = list(pool.map(lambda job: batcher.score(*job), jobs))
-        assert batcher.batches < len(jobs)  # requests were merged
-        for mine, reference in zip(together, alone, strict=True):
+            made = list(pool.map(from_ids, jobs))
+        assert batcher.batches < 2 * len(jobs)  # requests were merged
+        for mine, ours, reference in zip(together, made, alone, strict=True):
+            assert mine == pytest.approx(reference, abs=1e-4) and ours == pytest.approx(reference, abs=1e-4)
+        for mine, reference in zip(score_together(reranker, jobs), alone, strict=True):  # a Ray replica's call
             assert mine == pytest.approx(reference, abs=1e-4)
         assert batcher.score("nothing", []) == []
         assert batcher.device == "cpu"  # the wrapped reranker's attributes show through

@@ -172,7 +172,7 @@ def test_incomplete_or_foreign_index_is_refused(index_dir, tmp_path):
     shutil.copytree(index_dir, old)
     manifest = json.loads((old / MANIFEST_FILE).read_text())
     (old / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 1}))
-    with pytest.raises(IndexDirError, match="format 1, this version reads 2"):
+    with pytest.raises(IndexDirError, match="format 1, this version reads 2 to 3"):
         HybridEngine(EngineSettings(index_dir=old, device="cpu"))
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
 from engine.store.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense
+from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog, fsync_dir
 from engine.text import chunk_text
 
@@ -133,6 +134,7 @@ class LiveIndex:
         self.wal = WriteAheadLog(self.index_dir / WAL_FILE)
         self.seq, self.dense_seq = 0, latest_dense(self.index_dir)[1]
         self.applied: dict[str, int] = {}  # store -> the last record it holds (in memory)
+        self.tokenizer = _store_tokenizer(engine)
         self.refresh_error: str | None = None
         self.recovery: dict = {}
         self._recover()
@@ -284,7 +286,10 @@ class LiveIndex:
     def _apply_store(self, record: dict) -> None:
         store = self.engine.store
         if record["op"] == "upsert":
-            store.write_document(record["document"], record["rows"], record["seq"])
+            doc = record["document"]
+            texts = [chunk_text(c["title"], c["content"]) for c in doc["chunks"]]
+            tokens = self.tokenizer(texts) if self.tokenizer is not None else None
+            store.write_document(doc, record["rows"], record["seq"], tokens)
         else:
             store.delete_document(record["document_id"], record["seq"])
 
@@ -369,6 +374,20 @@ class LiveIndex:
             log.error("checkpoint at close failed (%s); the next start replays the log", _brief(exc))
         self.wal.close()
         self._lock_fh.close()
+
+
+def _store_tokenizer(engine) -> TextTokenizer | None:
+    """What makes the token ids the store keeps for each chunk (the manifest's ``passage_tokens``),
+    or None: the index keeps none (format 2: a reranker computes them at load), or the encoder's
+    tokenizer no longer makes them (then chunks written here are tokenized when first reranked)."""
+    recipe = engine.manifest.passage_tokens
+    if not recipe:
+        return None
+    tokenizer = TextTokenizer(engine.dense.encoder.tokenizer)
+    if tokenizer.recipe != recipe:
+        log.warning("the encoder's tokenizer is not the one the store's token ids were made by: writing none")
+        return None
+    return tokenizer
 
 
 def _brief(exc: BaseException) -> str:

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from engine.rerank.onnx import OnnxCrossEncoder, Pairs
+from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
-from engine.rerank.pair_tokens import PairTokenizer
+from engine.rerank.pair_tokens import PairRow, PairTokenizer, pad_rows
 from engine.retrieval.encoder import resolve_model
+from engine.store.tokens import CHARS_PER_TOKEN, TextTokenizer
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"  # written by `train-reranker`; a model from elsewhere may have none
-# Characters of a passage kept per token of ``max_length`` before tokenizing: a WordPiece token of an
-# NFCorpus abstract averages 4.6 characters (2.9-6.4 over 500 of them), so truncation keeps the same
-# tokens, but the tokenizer no longer reads whole abstracts only to drop most of them.
-CHARS_PER_TOKEN = 16
 
 
 class RerankerError(RuntimeError):
@@ -38,6 +37,31 @@ class Scorer(Protocol):
     memory_context: int
 
     def score(self, query: str, passages: list[str]) -> list[float]: ...
+
+
+@runtime_checkable
+class PairScorer(Scorer, Protocol):
+    """A scorer that makes its pairs apart from scoring them, from token ids where it can (a
+    :class:`Reranker` or its micro-batcher)."""
+
+    text_tokens: TextTokenizer | None  # the tokenizer whose ids ``prepare`` reads (None: it reads texts)
+
+    def prepare(self, query: str, passages: list[str], tokens: Sequence[PassageTokens] | None = None) -> Any:
+        """The pairs as the model takes them (the ``pairs`` stage); ``tokens``: each passage's ids."""
+
+    def finish(self, prepared: Any) -> list[float]:
+        """Their scores (the ``rerank`` stage), in the order of the passages."""
+
+
+@dataclass
+class PreparedPairs:
+    """A query's pairs ready for the model: the scores the cache held (None where it did not), and
+    for the others their cache keys, model inputs, and the characters their batches are sorted by."""
+
+    scores: list[float | None]
+    keys: list[bytes]
+    rows: list[PairRow]
+    lengths: list[int]
 
 
 class Reranker:
@@ -99,6 +123,8 @@ class Reranker:
         self.tokenize = (
             self.onnx.tokenize if self.onnx is not None else PairTokenizer(self.model.tokenizer, self.max_length)
         )
+        self.assembler = PairAssembler.create(self.model.tokenizer, self.max_length)
+        self.text_tokens = self.assembler.tokenizer if self.assembler is not None else None
         self.runtime = ("onnx" if quantize == "none" else f"onnx-{quantize}") if self.onnx is not None else "torch"
         self.cache = cache
         self.name = name
@@ -106,43 +132,85 @@ class Reranker:
         self.batch_size = batch_size
         self.memory_context: int = card["memory_context"]
 
-    def score(self, query: str, passages: list[str]) -> list[float]:
-        """One relevance score per passage, in the order given."""
-        return self.score_pairs([(query, p) for p in passages])
+    def score(self, query: str, passages: list[str], tokens: Sequence[PassageTokens] | None = None) -> list[float]:
+        """One relevance score per passage, in the order given (``tokens``: as for :meth:`prepare`)."""
+        return self.finish(self.prepare(query, passages, tokens))
 
     def score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
         """Scores for (query, passage) pairs (the model's activation of its logits), from the cache
         for pairs it holds."""
-        if not pairs:
-            return []
-        if self.cache is not None:
-            return self.cache.scores(pairs, self._activated)
-        return self._activated(pairs)
+        return self.finish(self._prepared(pairs))
 
-    def _activated(self, pairs: list[tuple[str, str]]) -> list[float]:
+    def prepare(self, query: str, passages: list[str], tokens: Sequence[PassageTokens] | None = None) -> PreparedPairs:
+        """The model inputs of the pairs the cache lacks. With ``tokens`` (each passage's ids), pairs
+        are made from them (:mod:`engine.rerank.pair_assembly`): the same inputs as from the texts,
+        without tokenizing the passages; a pair that cannot be made so is tokenized."""
+        pairs = [(query, p) for p in passages]
+        if tokens is None or self.assembler is None:
+            return self._prepared(pairs)
+        return self._prepared(pairs, lambda todo: self.assembler.rows(query, [tokens[i] for i in todo]))
+
+    def finish(self, prepared: PreparedPairs) -> list[float]:
+        return self.finish_together([prepared])[0]
+
+    def finish_together(self, prepared: Sequence[PreparedPairs]) -> list[list[float]]:
+        """Several queries' prepared pairs scored in one pass of the model; each gets its own scores."""
+        rows = [row for p in prepared for row in p.rows]
+        fresh = iter(self._activated(rows, [n for p in prepared for n in p.lengths]) if rows else [])
+        scores = []
+        for p in prepared:
+            mine = [next(fresh) for _ in p.rows]
+            if self.cache is not None:
+                self.cache.keep(p.keys, mine)
+            computed = iter(mine)
+            scores.append([s if s is not None else next(computed) for s in p.scores])
+        return scores
+
+    def _prepared(
+        self, pairs: list[tuple[str, str]], assemble: Callable[[list[int]], list[PairRow | None]] | None = None
+    ) -> PreparedPairs:
+        """``pairs`` prepared: the cache's scores, and rows for the others from ``assemble`` (given the
+        pairs' positions) where it makes them, else tokenized."""
+        keys, found = self.cache.lookup(pairs) if self.cache is not None else ([], [None] * len(pairs))
+        todo = [i for i, score in enumerate(found) if score is None]
+        cut = self.max_length * CHARS_PER_TOKEN
+        texts = [(pairs[i][0], pairs[i][1][:cut]) for i in todo]
+        rows = assemble(todo) if assemble is not None and todo else [None] * len(todo)
+        left = [j for j, row in enumerate(rows) if row is None]
+        for j, row in zip(left, self.tokenize.rows([texts[j] for j in left]) if left else [], strict=True):
+            rows[j] = row
+        return PreparedPairs(found, [keys[i] for i in todo] if keys else [], rows, [len(q) + len(p) for q, p in texts])
+
+    def _activated(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
         import torch
 
-        return [float(s) for s in self.model.activation_fn(torch.tensor(self.logits(pairs)))]
+        return [float(s) for s in self.model.activation_fn(torch.tensor(self._logits(rows, lengths)))]
 
     def logits(self, pairs: list[tuple[str, str]]) -> list[float]:
-        """Raw scores before the activation (what distillation compares); the model sorts the pairs by
-        length into batches.
+        """Raw scores before the activation (what distillation compares)."""
+        if not pairs:
+            return []
+        cut = self.max_length * CHARS_PER_TOKEN
+        texts = [(query, passage[:cut]) for query, passage in pairs]
+        return self._logits(self.tokenize.rows(texts), [len(q) + len(p) for q, p in texts])
+
+    def _logits(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+        """The model's logits for ``rows``, in batches of rows of similar ``lengths``.
 
         A GPU out-of-memory error never fails the request: the batch is halved until it fits (and
         stays that size), and at batch size 1 the model moves to the CPU for good.
         """
         import torch
 
-        if not pairs:
-            return []
-        cut = self.max_length * CHARS_PER_TOKEN
-        pairs = [(query, passage[:cut]) for query, passage in pairs]
         if self.onnx is not None:
-            return [float(s) for s in self.onnx.logits(pairs, self.batch_size)]
+            logits = np.empty(len(rows), dtype=np.float32)
+            for batch in _batches(lengths, self.batch_size):
+                logits[batch] = self.onnx.run(pad_rows([rows[i] for i in batch], self.tokenize.pad_id))
+            return [float(s) for s in logits]
         batch = self.batch_size
         while True:
             try:
-                return self._torch_logits(pairs, batch)
+                return self._torch_logits(rows, lengths, batch)
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 if batch > 1:
@@ -154,21 +222,26 @@ class Reranker:
                 self.model.to("cpu").float()
                 self.device = "cpu"
 
-    def _torch_logits(self, pairs: list[tuple[str, str]], batch: int) -> list[float]:
-        """The model's logits for ``pairs`` in length-sorted batches of ``batch``."""
+    def _torch_logits(self, rows: list[PairRow], lengths: list[int], batch: int) -> list[float]:
+        """The model's logits for ``rows`` in length-sorted batches of ``batch``."""
         import torch
 
         model = self.model.transformers_model
         device = next(model.parameters()).device
-        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-        logits = np.empty(len(pairs), dtype=np.float32)
+        logits = np.empty(len(rows), dtype=np.float32)
         with torch.inference_mode():
-            for start in range(0, len(order), batch):
-                rows = order[start : start + batch]
-                features = self.tokenize([pairs[i] for i in rows])
+            for part in _batches(lengths, batch):
+                features = pad_rows([rows[i] for i in part], self.tokenize.pad_id)
                 inputs = {name: torch.from_numpy(array).to(device) for name, array in features.items()}
-                logits[rows] = model(**inputs).logits[:, 0].float().cpu().numpy()
+                logits[part] = model(**inputs).logits[:, 0].float().cpu().numpy()
         return logits.tolist()
+
+
+def _batches(lengths: list[int], size: int) -> Iterator[list[int]]:
+    """Positions in batches of ``size``, shortest first (padding costs less)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    for start in range(0, len(order), size):
+        yield order[start : start + size]
 
 
 def _read_card(card: Path) -> dict:

@@ -15,7 +15,7 @@ Pairs = Sequence[tuple[str, str]]
 
 
 class OnnxCrossEncoder:
-    """``logits`` like ``CrossEncoder.predict`` without the activation (length-sorted batches)."""
+    """The model's logits (``CrossEncoder.predict`` without the activation) on ONNX Runtime."""
 
     def __init__(
         self,
@@ -45,11 +45,6 @@ class OnnxCrossEncoder:
         self.max_length = max_length
         self.path = path
 
-    def logits(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
-        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-        logits = np.empty(len(pairs), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            features = self.tokenize([pairs[i] for i in rows])
-            logits[rows] = self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]
-        return logits
+    def run(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        """The logits of one padded batch."""
+        return self.session.run(None, {name: features[name] for name in self.inputs})[0][:, 0]

@@ -26,17 +26,29 @@ class PairCache:
 
     def scores(self, pairs: Sequence[Pair], compute: Callable[[list[Pair]], list[float]]) -> list[float]:
         """Each pair's score, from the cache or from one ``compute`` call over the pairs it lacks."""
+        keys, found = self.lookup(pairs)
+        todo = [i for i, score in enumerate(found) if score is None]
+        fresh = compute([pairs[i] for i in todo]) if todo else []
+        self.keep([keys[i] for i in todo], fresh)
+        for i, score in zip(todo, fresh, strict=True):
+            found[i] = score
+        return found
+
+    def lookup(self, pairs: Sequence[Pair]) -> tuple[list[bytes], list[float | None]]:
+        """Each pair's key, and its score where the cache holds one (None where not: a miss)."""
         keys = [_key(pair) for pair in pairs]
         with self._lock:
             found = [self._scores.get(key) for key in keys]
-        todo = [i for i, score in enumerate(found) if score is None]
-        fresh = compute([pairs[i] for i in todo]) if todo else []
+            missed = found.count(None)
+            self.hits += len(pairs) - missed
+            self.misses += missed
+        return keys, found
+
+    def keep(self, keys: Sequence[bytes], scores: Sequence[float]) -> None:
+        """Remember the scores of the pairs whose keys :meth:`lookup` gave."""
         with self._lock:
-            for i, score in zip(todo, fresh, strict=True):
-                self._scores[keys[i]] = found[i] = score
-            self.hits += len(pairs) - len(todo)
-            self.misses += len(todo)
-        return found
+            for key, score in zip(keys, scores, strict=True):
+                self._scores[key] = score
 
 
 def _key(pair: Pair) -> bytes:

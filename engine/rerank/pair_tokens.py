@@ -1,4 +1,6 @@
-"""Cross-encoder inputs for (query, passage) pairs, tokenizing as little of each passage as it keeps.
+"""Cross-encoder inputs for (query, passage) pairs from their texts, tokenizing as little of each
+passage as it keeps: the path for pairs that cannot be made from the index's token ids
+(:mod:`engine.rerank.pair_assembly`), and the reference those are held to.
 
 A pair keeps ``max_length`` tokens and an NFCorpus abstract runs ~400, so most of a passage is
 dropped. Through the Hugging Face tokenizer, passages cut at 16 characters a token, a 20-pair query
@@ -9,11 +11,37 @@ tokens in ~3.5 ms.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import numpy as np
 
 # Characters of a passage read per token of the window at first: NFCorpus's WordPiece tokens average
 # 4.6 characters (2.9-6.4 an abstract), so 6 fill the window for nearly every passage.
 FIRST_CUT = 6
+
+
+class PairRow(NamedTuple):
+    """One pair's model input before padding: token ids and their token type ids."""
+
+    ids: np.ndarray
+    types: np.ndarray
+
+
+def pad_rows(rows: Sequence[PairRow], pad_id: int) -> dict[str, np.ndarray]:
+    """``input_ids``, ``attention_mask`` and ``token_type_ids`` of ``rows``, padded to the longest."""
+    width = max(len(row.ids) for row in rows)
+    arrays = {
+        "input_ids": np.full((len(rows), width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((len(rows), width), dtype=np.int64),
+        "token_type_ids": np.zeros((len(rows), width), dtype=np.int64),
+    }
+    for i, row in enumerate(rows):
+        n = len(row.ids)
+        arrays["input_ids"][i, :n] = row.ids
+        arrays["attention_mask"][i, :n] = 1
+        arrays["token_type_ids"][i, :n] = row.types
+    return arrays
 
 
 class PairTokenizer:
@@ -23,8 +51,11 @@ class PairTokenizer:
     Cutting a passage just before a space keeps the tokens of the words before it (the tokenizers
     split words at spaces first), so a pair whose cut passage still fills the window has the tokens
     it would have had whole. A query too long to leave the passage any room is cut too (longest
-    first: the two share the window) rather than failing the pair. Uses its own copies of
-    the fast tokenizer's pipeline: thread-safe, and the caller's tokenizer keeps its own settings.
+    first: the two share the window) rather than failing the pair; that split follows the passage as
+    first read, so it can give the query one token more than the Hugging Face tokenizer would with
+    the whole passage (pairs made from token ids leave such queries here, and agree with this path).
+    Uses its own copies of the fast tokenizer's pipeline: thread-safe, and the caller's tokenizer
+    keeps its own settings.
     """
 
     def __init__(self, tokenizer, max_length: int) -> None:
@@ -39,6 +70,10 @@ class PairTokenizer:
         self.pad_id: int = tokenizer.pad_token_id or 0
 
     def __call__(self, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+        return pad_rows(self.rows(pairs), self.pad_id)
+
+    def rows(self, pairs: list[tuple[str, str]]) -> list[PairRow]:
+        """Each pair's tokens, unpadded."""
         first = [(query, _cut(passage, self.max_length * FIRST_CUT)) for query, passage in pairs]
         encodings = self._encode(first)
         short = [
@@ -49,18 +84,7 @@ class PairTokenizer:
         if short:
             for i, encoding in zip(short, self._encode([pairs[i] for i in short]), strict=True):
                 encodings[i] = encoding
-        width = max(len(e.ids) for e in encodings)
-        arrays = {
-            "input_ids": np.full((len(pairs), width), self.pad_id, dtype=np.int64),
-            "attention_mask": np.zeros((len(pairs), width), dtype=np.int64),
-            "token_type_ids": np.zeros((len(pairs), width), dtype=np.int64),
-        }
-        for row, encoding in enumerate(encodings):
-            n = len(encoding.ids)
-            arrays["input_ids"][row, :n] = encoding.ids
-            arrays["attention_mask"][row, :n] = 1
-            arrays["token_type_ids"][row, :n] = encoding.type_ids
-        return arrays
+        return [PairRow(np.array(e.ids, dtype=np.int64), np.array(e.type_ids, dtype=np.int64)) for e in encodings]
 
     def _encode(self, pairs: list[tuple[str, str]]) -> list:
         try:

@@ -10,13 +10,21 @@ train judgments only, so dev and test queries never see their own labels.
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Mapping
+import logging
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from engine.store.tokens import TextTokenizer, TokenTable
+
+log = logging.getLogger(__name__)
 VECTORS_FILE = "queries.npy"
 JUDGMENTS_FILE = "judgments.json"
+TOKENS_FILE = "query_tokens.npz"  # the texts' token ids, for the tokenizer it names
+# what a memory-aware reranker reads before a document: CITED, the texts joined by JOIN, then END
+CITED, JOIN, END = "cited for: ", "; ", "."
+NO_CITATION = "cited for: none."
 
 
 def write_memory(
@@ -25,21 +33,26 @@ def write_memory(
     qrels: Mapping[str, Mapping[str, int]],
     query_ids: list[str],
     texts: list[str],
+    tokenizer: TextTokenizer | None = None,
 ) -> None:
     """Rows of ``vectors`` are the normalised embeddings of ``query_ids`` (whose texts are ``texts``),
-    in that order."""
+    in that order; ``tokenizer``: keep the texts' token ids too."""
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / VECTORS_FILE, vectors.astype(np.float32))
     judged = [{d: g for d, g in qrels[q].items() if g > 0} for q in query_ids]
     stored = {"query_ids": query_ids, "texts": texts, "judgments": judged}
     (folder / JUDGMENTS_FILE).write_text(json.dumps(stored))
+    if tokenizer is not None:
+        table = TokenTable.of(tokenizer(texts, kept=None), tokenizer.dtype)
+        table.save(folder / TOKENS_FILE, fingerprint=np.array(tokenizer.fingerprint))
 
 
 class JudgmentMemory:
     """Scores documents by the judgments of the most similar training queries."""
 
     def __init__(self, folder: str | Path, neighbors: int = 10) -> None:
-        self.vectors = np.load(Path(folder) / VECTORS_FILE)
+        self.folder = Path(folder)
+        self.vectors = np.load(self.folder / VECTORS_FILE)
         stored = json.loads((Path(folder) / JUDGMENTS_FILE).read_text())
         self.query_ids: list[str] = stored["query_ids"]
         self.judgments: list[dict[str, int]] = stored["judgments"]
@@ -89,12 +102,48 @@ class JudgmentMemory:
         first, as a prefix for the document's text: what a memory-aware reranker reads, so that it
         can judge for itself whether those queries ask what this one asks. ``exclude`` leaves a
         training query out, as :meth:`search` does."""
+        return self.cited_text(self.cited_rows(vector, doc_id, n, exclude))
+
+    def cited_rows(self, vector: np.ndarray, doc_id: str, n: int, exclude: str | None = None) -> np.ndarray:
+        """The rows of the training queries :meth:`cited_for` names, in its order."""
         if self.texts is None:
             raise ValueError("this judgment memory keeps no query texts: rebuild the index with `hybrid-search build`")
         rows = self._judged_by.get(doc_id, np.empty(0, dtype=int))
         if exclude is not None and exclude in self._rows:
             rows = rows[rows != self._rows[exclude]]
+        return rows[np.argsort(-(self.vectors[rows] @ vector.reshape(-1)), kind="stable")[:n]]
+
+    def cited_text(self, rows: Sequence[int]) -> str:
+        """The prefix :meth:`cited_for` gives for the training queries at ``rows``."""
         if not len(rows):
-            return "cited for: none."
-        nearest = rows[np.argsort(-(self.vectors[rows] @ vector.reshape(-1)), kind="stable")[:n]]
-        return "cited for: " + "; ".join(self.texts[row] for row in nearest) + "."
+            return NO_CITATION
+        return CITED + JOIN.join(self.texts[row] for row in rows) + END
+
+    def query_tokens(self, tokenizer: TextTokenizer) -> list[np.ndarray]:
+        """Each training query's token ids by ``tokenizer``: as the build kept them, else (another
+        tokenizer, an index built before they were kept) computed now (queries are short)."""
+        path = self.folder / TOKENS_FILE
+        if path.is_file():
+            table, arrays = TokenTable.load(path)
+            if str(arrays["fingerprint"]) == tokenizer.fingerprint and len(table) == len(self.query_ids):
+                return [table.ids[table.starts[i] : table.starts[i + 1]] for i in range(len(table))]
+        log.info("tokenizing the memory's %d query texts for tokenizer %s", len(self.query_ids), tokenizer.fingerprint)
+        return [t.ids for t in tokenizer(self.texts or [], kept=None)]
+
+
+class CitedTokens:
+    """The token ids of :meth:`JudgmentMemory.cited_text` without tokenizing it: each training
+    query's ids between those of the fixed words. The same ids as the text's for a tokenizer that
+    tokenizes each word alone (``TextTokenizer.by_words``): the pieces meet at a space or a
+    punctuation mark, which ends a word."""
+
+    def __init__(self, memory: JudgmentMemory, tokenizer: TextTokenizer) -> None:
+        self.queries = memory.query_tokens(tokenizer)
+        join = tokenizer.ids(JOIN)
+        self.joined = [np.concatenate((ids, join)) for ids in self.queries]  # one array a query, not two
+        self.cited, self.end, self.none = tokenizer.ids(CITED), tokenizer.ids(END), tokenizer.ids(NO_CITATION)
+
+    def __call__(self, rows: Sequence[int]) -> np.ndarray:
+        if not len(rows):
+            return self.none
+        return np.concatenate((self.cited, *(self.joined[row] for row in rows[:-1]), self.queries[rows[-1]], self.end))

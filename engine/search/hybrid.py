@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,8 +18,9 @@ from engine.documents import Filters
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
 from engine.rerank.batching import RerankBatcher
-from engine.rerank.cross_encoder import RerankerError, Scorer
+from engine.rerank.cross_encoder import PairScorer, RerankerError, Scorer
 from engine.rerank.loading import open_reranker
+from engine.rerank.token_source import PairInputs
 from engine.retrieval.dense import DenseRetriever, encode
 from engine.retrieval.encoder import load_encoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
@@ -94,7 +96,11 @@ class HybridEngine:
             self.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
+        self._pair_inputs: dict[tuple[str, bool], PairInputs] = {}
+        self._pair_inputs_lock = threading.Lock()
         self.reranker = self._load_reranker(reranker)
+        if self.reranker is not None:
+            self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
 
@@ -177,6 +183,20 @@ class HybridEngine:
         if reranker is None or options.rerank_depth == 0:
             return None, 0
         return reranker, options.rerank_depth or self.settings.rerank_depth_for(reranker.device)
+
+    def pair_inputs(self, reranker: Scorer) -> PairInputs | None:
+        """The token ids ``reranker``'s pairs are made from, for its tokenizer (made on first use);
+        None for a reranker that reads texts."""
+        tokenizer = reranker.text_tokens if isinstance(reranker, PairScorer) else None
+        if tokenizer is None:
+            return None
+        key = (tokenizer.fingerprint, reranker.memory_context > 0)
+        with self._pair_inputs_lock:
+            if key not in self._pair_inputs:
+                memory = self.memory if reranker.memory_context else None
+                index_dir = Path(self.settings.index_dir)
+                self._pair_inputs[key] = PairInputs(tokenizer, self.store, index_dir, self.manifest, memory)
+            return self._pair_inputs[key]
 
     def missing_memory_context(self) -> str | None:
         """Why this engine cannot give a memory-aware reranker its context, or None when it can."""

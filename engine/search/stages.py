@@ -16,6 +16,9 @@ import numpy as np
 from engine import telemetry
 from engine.documents import Filters
 from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
+from engine.rerank.cross_encoder import PairScorer
+from engine.rerank.pair_assembly import PassageTokens
+from engine.rerank.token_source import PairInputs
 from engine.search.results import AS_LOADED, Ranking, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.store.docstore import Chunk
@@ -69,7 +72,7 @@ def run_stages(
     reranked, rerank_scores = None, {}
     if reranker is not None and fused:
         try:
-            reranked = rerank(engine, query, fused, rerank_scores, top_k, vector, exclude, chunks, options)
+            reranked = rerank(engine, query, fused, rerank_scores, top_k, vector, exclude, chunks, options, watch)
         except Exception as exc:  # a failing model must not fail the query: the fused order serves
             engine.reranker_health.failed(exc)
             log.warning("reranker failed (%s: %s); serving fused results", type(exc).__name__, exc)
@@ -101,14 +104,23 @@ def rerank(
     exclude: str | None = None,
     chunks: Mapping[str, Chunk] | None = None,
     options: SearchOptions = AS_LOADED,
+    watch: Stopwatch | None = None,
 ) -> Ranking:
-    """The head of ``ranking`` reordered by the reranker (:meth:`HybridEngine.rerank`)."""
+    """The head of ``ranking`` reordered by the reranker (:meth:`HybridEngine.rerank`); ``watch``
+    times making the pairs (``pairs``) apart from scoring them."""
     reranker, depth = engine.rerank_plan(options)
     head = ranking[: max(depth, top_k)]
     todo = [d for d, _ in head if d not in scores]
+    apart = isinstance(reranker, PairScorer)  # else a scorer that takes texts (one served elsewhere)
     if todo:
-        passages = rerank_passages(engine, query, todo, reranker.memory_context, vector, exclude, chunks)
-        scores.update(zip(todo, reranker.score(query, passages), strict=True))
+        inputs = engine.pair_inputs(reranker)
+        passages, tokens = _passages(engine, query, todo, reranker.memory_context, vector, exclude, chunks, inputs)
+        prepared = reranker.prepare(query, passages, tokens) if apart else None
+    if watch is not None:
+        watch.lap("pairs")
+    if todo:
+        found = reranker.finish(prepared) if apart else reranker.score(query, passages)
+        scores.update(zip(todo, found, strict=True))
     return blend_reranking(head, [scores[d] for d, _ in head], engine.settings.rerank_blend)
 
 
@@ -122,13 +134,37 @@ def rerank_passages(
     chunks: Mapping[str, Chunk] | None = None,
 ) -> list[str]:
     """What a reranker reads for each document (:meth:`HybridEngine.rerank_passages`)."""
+    return _passages(engine, query, doc_ids, context, vector, exclude, chunks)[0]
+
+
+def _passages(
+    engine: HybridEngine,
+    query: str,
+    doc_ids: list[str],
+    context: int,
+    vector: np.ndarray | None = None,
+    exclude: str | None = None,
+    chunks: Mapping[str, Chunk] | None = None,
+    inputs: PairInputs | None = None,
+) -> tuple[list[str], list[PassageTokens] | None]:
+    """The passages' texts and, with ``inputs``, their ids: each chunk's, after its memory context's."""
     known = dict(chunks or {})
     missing = [d for d in doc_ids if d not in known]
     if missing:
         known.update(engine.store.chunks(missing))
+    bodies = [known[d] for d in doc_ids]
+    texts = [chunk.contents for chunk in bodies]
+    ids = inputs.passages(bodies) if inputs is not None else None
     if not context:
-        return [known[d].contents for d in doc_ids]
+        return texts, None if ids is None else [PassageTokens(t, len(text)) for t, text in zip(ids, texts, strict=True)]
     if vector is None:
         vector = engine.dense.encode_query(query)
-    cited = (engine.memory.cited_for(vector, d, context, exclude) for d in doc_ids)
-    return [f"{c} {known[d].contents}" for c, d in zip(cited, doc_ids, strict=True)]
+    cited = [engine.memory.cited_rows(vector, d, context, exclude) for d in doc_ids]
+    prefixes = [engine.memory.cited_text(rows) for rows in cited]
+    texts = [f"{prefix} {text}" for prefix, text in zip(prefixes, texts, strict=True)]
+    if ids is None:
+        return texts, None
+    return texts, [
+        PassageTokens(t, len(text), inputs.cited(rows), len(prefix) + 1)
+        for t, text, rows, prefix in zip(ids, texts, cited, prefixes, strict=True)
+    ]

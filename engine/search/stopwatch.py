@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-STAGES = ("encode", "bm25", "dense", "memory", "fusion", "rerank")  # in the order a query runs them
+# in the order a query runs them; "pairs": the reranker's inputs made (passages read, pairs tokenized)
+STAGES = ("encode", "bm25", "dense", "memory", "fusion", "pairs", "rerank")
 
 
 class Stopwatch:

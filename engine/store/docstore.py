@@ -11,12 +11,13 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.documents import DATE, DOCUMENT_TYPE, Filters, unit_id
 from engine.store.index_dir import IndexDirError
+from engine.store.tokens import TextTokens
 from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,9 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(document_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS passage_tokens (
+    row INTEGER PRIMARY KEY, ids BLOB NOT NULL, width INTEGER NOT NULL, total INTEGER NOT NULL, overrun INTEGER NOT NULL
+);
 """
 
 
@@ -46,6 +50,7 @@ class Chunk:
     source_document: str
     metadata: dict = field(default_factory=dict)
     row: int = -1
+    tokens: TextTokens | None = None  # of ``contents``, by the tokenizer the manifest names (engine/store/tokens.py)
 
     @property
     def doc_id(self) -> str:
@@ -101,6 +106,11 @@ class DocStore:
             query = _CHUNK_SELECT + f" WHERE c.unit_id IN ({','.join('?' * len(part))})"
             found.update((c.unit_id, c) for c in map(_chunk, self._conn().execute(query, part)))
         return found
+
+    def contents_by_row(self) -> list[tuple[int, str]]:
+        """(row, contents) of every chunk, in row order."""
+        query = "SELECT row, title, content FROM chunks ORDER BY row"
+        return [(row, chunk_text(title, content)) for row, title, content in self._conn().execute(query)]
 
     def sample(self, n: int) -> list[Chunk]:
         """About ``n`` chunks spread evenly over the store, the same ones each time."""
@@ -167,21 +177,24 @@ class DocStore:
         return found[0] if found else default
 
     # writing: one transaction each, so a crash leaves the store before or after, never between
-    def write_document(self, document: dict, rows: list[int], seq: int | None = None) -> None:
-        """Replace ``document`` (a ``DocumentIn`` dump) whole; its chunks take ``rows`` in order."""
+    def write_document(
+        self, document: dict, rows: list[int], seq: int | None = None, tokens: Sequence[TextTokens] | None = None
+    ) -> None:
+        """Replace ``document`` (a ``DocumentIn`` dump) whole; its chunks take ``rows`` in order, and
+        ``tokens`` (of each chunk's contents) when given."""
         conn = self._conn()
         with _transaction(conn):
             _delete(conn, document["document_id"])
-            _insert(conn, document, rows)
+            _insert(conn, document, rows, tokens)
             _set_meta(conn, seq, max(rows) + 1 if rows else None)
 
-    def write_documents(self, documents: Iterable[tuple[dict, list[int]]]) -> None:
-        """Bulk load for a build: each (document, rows), all in one transaction."""
+    def write_documents(self, documents: Iterable[tuple[dict, list[int], Sequence[TextTokens] | None]]) -> None:
+        """Bulk load for a build: each (document, rows, tokens), all in one transaction."""
         conn = self._conn()
         with _transaction(conn):
             top = -1
-            for document, rows in documents:
-                _insert(conn, document, rows)
+            for document, rows, tokens in documents:
+                _insert(conn, document, rows, tokens)
                 top = max([top, *rows])
             _set_meta(conn, None, top + 1)
 
@@ -207,15 +220,17 @@ class DocStore:
 
 
 _CHUNK_SELECT = (
-    "SELECT c.unit_id, c.document_id, c.chunk_id, c.title, c.content, d.name, d.metadata, c.metadata, c.row"
-    " FROM chunks c JOIN documents d USING (document_id)"
+    "SELECT c.unit_id, c.document_id, c.chunk_id, c.title, c.content, d.name, d.metadata, c.metadata, c.row,"
+    " t.ids, t.width, t.total, t.overrun"
+    " FROM chunks c JOIN documents d USING (document_id) LEFT JOIN passage_tokens t ON t.row = c.row"
 )
 
 
 def _chunk(record: tuple) -> Chunk:
-    unit, document_id, chunk_id, title, content, name, doc_meta, chunk_meta, row = record
+    unit, document_id, chunk_id, title, content, name, doc_meta, chunk_meta, row, *tokens = record
     metadata = {**json.loads(doc_meta), **json.loads(chunk_meta)}
-    return Chunk(unit, document_id, chunk_id, title, content, name, metadata, row)
+    stored = TextTokens.from_blob(*tokens) if tokens[0] is not None else None
+    return Chunk(unit, document_id, chunk_id, title, content, name, metadata, row, stored)
 
 
 class _transaction:
@@ -230,11 +245,15 @@ class _transaction:
 
 
 def _delete(conn: sqlite3.Connection, document_id: str) -> None:
+    rows = "SELECT row FROM chunks WHERE document_id = ?"
+    conn.execute(f"DELETE FROM passage_tokens WHERE row IN ({rows})", (document_id,))
     conn.execute("DELETE FROM chunks WHERE document_id = ?", (document_id,))
     conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
 
 
-def _insert(conn: sqlite3.Connection, document: dict, rows: list[int]) -> None:
+def _insert(
+    conn: sqlite3.Connection, document: dict, rows: list[int], tokens: Sequence[TextTokens] | None = None
+) -> None:
     doc_id, name = document["document_id"], document.get("document_name") or ""
     conn.execute(
         "INSERT INTO documents VALUES (?, ?, ?, ?)",
@@ -256,6 +275,11 @@ def _insert(conn: sqlite3.Connection, document: dict, rows: list[int]) -> None:
             for position, (c, row) in enumerate(zip(document["chunks"], rows, strict=True))
         ],
     )
+    if tokens is not None:
+        conn.executemany(
+            "INSERT INTO passage_tokens VALUES (?, ?, ?, ?, ?)",
+            [(row, *t.blob()) for row, t in zip(rows, tokens, strict=True)],
+        )
 
 
 def _set_meta(conn: sqlite3.Connection, seq: int | None, next_row: int | None) -> None:

@@ -1,9 +1,11 @@
 """The on-disk contract between the builder and the engine.
 
 An index directory holds ``bm25/`` (Lucene), ``dense.faiss`` (ids are document-store rows),
-``docs.sqlite`` (the document store), ``manifest.json`` and optionally ``memory/`` (the judgment
-memory), ``fusion/`` (the learned fusion), ``reranker/`` and, once documents were written to it
-live, ``wal.log`` (the write-ahead log) with ``dense-<seq>.faiss`` checkpoints. The manifest is
+``docs.sqlite`` (the document store, with each chunk's token ids since format 3), ``manifest.json``
+and optionally ``memory/`` (the judgment memory), ``fusion/`` (the learned fusion), ``reranker/``,
+``tokens/`` (token ids for a reranker whose tokenizer is not the one the store's are for) and,
+once documents were written to it live, ``wal.log`` (the write-ahead log) with
+``dense-<seq>.faiss`` checkpoints. The manifest is
 written last, inside a temporary folder that is renamed into place, so a directory with a manifest
 is complete.
 """
@@ -14,7 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the store keeps each chunk's token ids (``passage_tokens`` in the manifest)
+READABLE = (2, 3)  # a format-2 index gets its token ids at first load (engine/rerank/token_source.py)
 BM25_DIR = "bm25"
 DENSE_FILE = "dense.faiss"
 DOCS_FILE = "docs.sqlite"
@@ -22,6 +25,7 @@ MANIFEST_FILE = "manifest.json"
 RERANKER_DIR = "reranker"
 MEMORY_DIR = "memory"
 FUSION_DIR = "fusion"
+TOKENS_DIR = "tokens"
 REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside the index they measured
 WAL_FILE = "wal.log"
 
@@ -44,6 +48,7 @@ class Manifest:
     built_at: str
     memory: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    passage_tokens: dict = field(default_factory=dict)  # the recipe of the store's token ids (engine/store/tokens.py)
     settings: dict = field(default_factory=dict)
 
     def write(self, index_dir: Path) -> None:
@@ -61,10 +66,10 @@ def read_manifest(index_dir: Path) -> Manifest:
         manifest = Manifest(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError) as exc:  # unreadable, not UTF-8, not JSON, not a manifest's fields
         raise IndexDirError(f"{path}: unreadable manifest ({exc}); rebuild the index") from None
-    if manifest.format_version != FORMAT_VERSION:
+    if manifest.format_version not in READABLE:
         raise IndexDirError(
-            f"{path}: format {manifest.format_version}, this version reads {FORMAT_VERSION}; rebuild it with"
-            " `hybrid-search build` (format 2 keeps documents in SQLite and dense ids by row)"
+            f"{path}: format {manifest.format_version}, this version reads {READABLE[0]} to {READABLE[-1]}; rebuild"
+            " it with `hybrid-search build` (format 2 keeps documents in SQLite and dense ids by row)"
         )
     for part in (BM25_DIR, DOCS_FILE):
         if not (Path(index_dir) / part).exists():
