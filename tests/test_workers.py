@@ -69,14 +69,15 @@ def _both_up(url: str, seconds: float = 90) -> dict[str, int]:
 def _search_once_more_if_reset(url: str) -> httpx.Response:
     """A search on a new connection, sent again on another if the first is reset: HTTP clients retry
     an idempotent request so (a reset was seen once on a loaded machine, just after a kill)."""
-    for attempt in (1, 2):
-        try:
-            with httpx.Client(base_url=url, timeout=20) as client:
-                return client.post("/search", json={"query": "coffee liver", "top_k": 3})
-        except httpx.ReadError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def search() -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=20) as client:
+            return client.post("/search", json={"query": "coffee liver", "top_k": 3})
+
+    try:
+        return search()
+    except httpx.ReadError:
+        return search()
 
 
 def _killed(pid: int) -> None:
