@@ -14,7 +14,7 @@ import pytest
 from engine.rerank.cross_encoder import CARD_FILE
 from engine.rerank.pair_tokens import pad_rows
 from engine.search import HybridEngine
-from engine.search.stages import _passages
+from engine.search.stages import passages
 from engine.settings import EngineSettings
 from engine.store.index_dir import MANIFEST_FILE, TOKENS_DIR
 from engine.store.tokens import CHARS_PER_TOKEN
@@ -70,7 +70,7 @@ def _compare(engine: HybridEngine, queries=QUERIES) -> dict[str, set[str]]:
     cut = reranker.max_length * CHARS_PER_TOKEN
     left = {}
     for query in queries:
-        texts, tokens = _passages(engine, query, doc_ids, reranker.memory_context, None, None, None, inputs)
+        texts, tokens = passages(engine, query, doc_ids, reranker.memory_context, None, None, None, inputs)
         ours = pad_rows(reranker.prepare(query, texts, tokens).rows, reranker.tokenize.pad_id)
         today = reranker.tokenize([(query, text[:cut]) for text in texts])
         for name in ("input_ids", "attention_mask", "token_type_ids"):
@@ -96,7 +96,7 @@ def test_pairs_made_from_ids_are_the_tokenized_pairs(odd_index, reranker_dir, aw
     assert len(left[long_query]) == len(engine.dense.units)
     assert left[plain] == left[accented] == {"spaced#c1", "long words#c1"}
     inputs = engine.pair_inputs(engine.reranker)
-    texts, tokens = _passages(engine, plain, ["accents#c1", "D-soy-3"], engine.reranker.memory_context, inputs=inputs)
+    texts, tokens = passages(engine, plain, ["accents#c1", "D-soy-3"], engine.reranker.memory_context, inputs=inputs)
     assert engine.reranker.score(plain, texts, tokens) == engine.reranker.score(plain, texts)
 
 

@@ -257,7 +257,7 @@ class HybridEngine:
         nearest the query that cited it when the reranker was trained that way (``memory_context``
         in its model card; training builds its pairs here too). ``chunks`` are texts already read
         (the store is asked for the others)."""
-        return stages.rerank_passages(self, query, doc_ids, context, vector, exclude, chunks)
+        return stages.passages(self, query, doc_ids, context, vector, exclude, chunks)[0]
 
     def describe(self) -> dict:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries

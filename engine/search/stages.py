@@ -114,30 +114,17 @@ def rerank(
     apart = isinstance(reranker, PairScorer)  # else a scorer that takes texts (one served elsewhere)
     if todo:
         inputs = engine.pair_inputs(reranker)
-        passages, tokens = _passages(engine, query, todo, reranker.memory_context, vector, exclude, chunks, inputs)
-        prepared = reranker.prepare(query, passages, tokens) if apart else None
+        texts, tokens = passages(engine, query, todo, reranker.memory_context, vector, exclude, chunks, inputs)
+        prepared = reranker.prepare(query, texts, tokens) if apart else None
     if watch is not None:
         watch.lap("pairs")
     if todo:
-        found = reranker.finish(prepared) if apart else reranker.score(query, passages)
+        found = reranker.finish(prepared) if apart else reranker.score(query, texts)
         scores.update(zip(todo, found, strict=True))
     return blend_reranking(head, [scores[d] for d, _ in head], engine.settings.rerank_blend)
 
 
-def rerank_passages(
-    engine: HybridEngine,
-    query: str,
-    doc_ids: list[str],
-    context: int,
-    vector: np.ndarray | None = None,
-    exclude: str | None = None,
-    chunks: Mapping[str, Chunk] | None = None,
-) -> list[str]:
-    """What a reranker reads for each document (:meth:`HybridEngine.rerank_passages`)."""
-    return _passages(engine, query, doc_ids, context, vector, exclude, chunks)[0]
-
-
-def _passages(
+def passages(
     engine: HybridEngine,
     query: str,
     doc_ids: list[str],
