@@ -42,7 +42,7 @@ def add_settings(parser: argparse.ArgumentParser, names: Iterable[str], help: di
     for name in dict.fromkeys(names):
         part = PART_OF[name]
         if part not in groups:
-            groups[part] = parser.add_argument_group(f"{Settings.model_fields[part].description} settings")
+            groups[part] = parser.add_argument_group(Settings.model_fields[part].description)
         _add(groups[part], name, PARTS[part].model_fields[name], (help or {}).get(name))
 
 

@@ -204,13 +204,27 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_assignment=True)
 
-    engine: EngineSettings = Field(default_factory=EngineSettings, description="retrieval, fusion and reranking")
-    build: BuildSettings = Field(default_factory=BuildSettings, description="building an index")
-    agents: AgentSettings = Field(default_factory=AgentSettings, description="the agent message protocol")
-    serving: ServingSettings = Field(default_factory=ServingSettings, description="the doors")
-    security: SecuritySettings = Field(default_factory=SecuritySettings, description="TLS and agent keys")
-    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings, description="OpenTelemetry")
-    scale_out: ScaleOutSettings = Field(default_factory=ScaleOutSettings, description="Ray")
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="engine settings: the index, retrieval, fusion, reranking"
+    )
+    build: BuildSettings = Field(
+        default_factory=BuildSettings, description="build settings: the data, its chunks, the dense index"
+    )
+    agents: AgentSettings = Field(
+        default_factory=AgentSettings, description="agent protocol settings: traces, the answering LLM"
+    )
+    serving: ServingSettings = Field(
+        default_factory=ServingSettings, description="serving settings: ports, limits, admission"
+    )
+    security: SecuritySettings = Field(
+        default_factory=SecuritySettings, description="security settings: TLS, agent keys"
+    )
+    telemetry: TelemetrySettings = Field(
+        default_factory=TelemetrySettings, description="telemetry settings: OpenTelemetry"
+    )
+    scale_out: ScaleOutSettings = Field(
+        default_factory=ScaleOutSettings, description="scale-out settings: Ray (pip install 'hybrid-search[ray]')"
+    )
 
     @classmethod
     def settings_customise_sources(
