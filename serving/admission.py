@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -55,18 +55,25 @@ class Admission:
         )
 
     @contextlib.asynccontextmanager
-    async def slot(self, door: str) -> AsyncIterator[None]:
-        """Hold a slot for the block; :class:`Overloaded` when none frees up within the queue time."""
-        release = await self.acquire(door)
-        try:
-            yield
-        finally:
-            release()
+    async def slot(self, door: str) -> AsyncIterator[Callable[[Awaitable], None]]:
+        """Hold a slot for the block; :class:`Overloaded` when none frees up within the queue time.
 
-    async def acquire(self, door: str) -> Callable[[], None]:
-        """A slot and the call that gives it back, for work that outlives its caller (a thread left
-        running past its time limit keeps its slot, so admission still sees it); :class:`Overloaded`
-        when none frees up within the queue time."""
+        The block may hand work it started but will not wait for (a thread past its time limit: a
+        thread cannot be stopped) to the callable it is given: the slot is then given back when that
+        work ends, not when the block does, so admission sees all the work there is."""
+        release = await self._acquire(door)
+        outliving: list[Awaitable] = []
+        try:
+            yield outliving.append
+        finally:
+            if outliving:
+                asyncio.gather(*outliving, return_exceptions=True).add_done_callback(lambda _: release())
+            else:
+                release()
+
+    async def _acquire(self, door: str) -> Callable[[], None]:
+        """A slot and the call that gives it back; :class:`Overloaded` when none frees up within the
+        queue time."""
         started = time.perf_counter()
         self._queue += 1
         self.waiting.inc()

@@ -183,15 +183,13 @@ class ProtocolDoor:
         if self.admission is None:
             yield
             return
-        release = await self.admission.acquire(door)
-        with overruns() as running:
-            try:
-                yield
-            finally:
-                if running:
-                    asyncio.gather(*running, return_exceptions=True).add_done_callback(lambda _: release())
-                else:
-                    release()
+        async with self.admission.slot(door) as outlive:
+            with overruns() as running:
+                try:
+                    yield
+                finally:
+                    for work in running:
+                        outlive(work)
 
     # the routes
     async def post_message(self, request: Request) -> Response:

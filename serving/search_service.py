@@ -88,13 +88,11 @@ class SearchService:
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
         try:
-            release = await self.admission.acquire(door)
-            run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
-            future = loop.run_in_executor(self._pool, run, self._search, request, door)
-            # the slot is the thread's: a thread cannot be stopped, and one freed at the time limit
-            # would let requests queue in the pool where admission cannot see them
-            future.add_done_callback(lambda _: release())
-            return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
+            async with self.admission.slot(door) as outlive:
+                run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
+                future = loop.run_in_executor(self._pool, run, self._search, request, door)
+                outlive(future)  # the slot is the thread's, past the time limit too
+                return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
         except Overloaded:
             self.errors.labels(door, "overloaded").inc()
             raise
