@@ -532,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dataset = args.dataset.resolve()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="hybrid-search-container-"))
+    work.chmod(0o755)  # mmdebstrap's apt reads the keyring in it as its sandbox user, not as root
     check = Check()
     inputs = ["Dockerfile.cuda", ".dockerignore", "compose.yaml", "pyproject.toml", "README.md"]
     inputs += ["engine", "index_build", "agents", "serving", "benchmarks"]
