@@ -9,6 +9,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections import Counter
 
 from offline.latency import percentiles
 
@@ -25,21 +26,20 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
     import httpx
 
     latencies: list[float] = []
-    errors = 0
+    errors: Counter[str] = Counter()  # what failed, so that a run with errors says why
     queue: asyncio.Queue[str] = asyncio.Queue()
     for query in queries:
         queue.put_nowait(query)
 
     async def worker(client: httpx.AsyncClient, session) -> None:
-        nonlocal errors
         while not queue.empty():
             query = queue.get_nowait()
             started = time.perf_counter()
             try:
                 await _one_request(door, url, client, session, query, top_k)
                 latencies.append(time.perf_counter() - started)
-            except Exception:
-                errors += 1
+            except Exception as exc:
+                errors[f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"] += 1
 
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=timeout) as client:
@@ -55,7 +55,8 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
     return {
         "door": door,
         "concurrency": concurrency,
-        "errors": errors,
+        "errors": sum(errors.values()),
+        **({"error_kinds": dict(errors.most_common(5))} if errors else {}),
         "qps": len(latencies) / wall,
         **percentiles(latencies or [0.0]),
     }
@@ -65,14 +66,19 @@ async def _one_request(door: str, url: str, client, session, query: str, top_k: 
     if door == "rest":
         reply = await client.post(url, json={"query": query, "top_k": top_k})
         reply.raise_for_status()
-        assert len(reply.json()["results"]) == top_k
+        if len(reply.json()["results"]) != top_k:
+            raise ValueError(f"{len(reply.json()['results'])} results where {top_k} were asked for")
     elif door == "mcp":
         result = await session.call_tool("search_nfcorpus", {"query": query, "top_k": top_k})
-        assert not result.is_error
+        if result.is_error:
+            raise ValueError(f"tool error: {result.content[0].text if result.content else ''}")
     elif door == "a2a":
         body = a2a_v03_send({"kind": "text", "text": json.dumps({"query": query, "top_k": top_k})})
         reply = await client.post(url, json=body)
-        assert reply.json()["result"]["status"]["state"] == "completed"
+        reply.raise_for_status()
+        state = reply.json().get("result", {}).get("status", {}).get("state")
+        if state != "completed":
+            raise ValueError(f"task {state or 'missing'}: {reply.text[:160]}")
     else:
         raise ValueError(f"unknown front door {door!r} (rest, mcp or a2a)")
 

@@ -43,6 +43,12 @@ class EngineSettings(BaseModel):
     bm25_weight: float = Field(1.0, ge=0, description="BM25 weight in RRF")
     dense_weight: float = Field(1.0, ge=0, description="dense weight in RRF")
     hnsw_ef_search: int = Field(128, ge=1, description="HNSW search breadth (an hnsw dense index only)")
+    warmup_searches: int = Field(
+        5000,
+        ge=0,
+        description="BM25 searches a server runs at start on snippets of its own documents, so that the JVM has"
+        " compiled Lucene's search path before the first request instead of during the first thousands (0: none)",
+    )
     query_encoder_runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto",
         description="what encodes a query: auto = ONNX Runtime on a CPU (the same embeddings, 3-4x faster), torch"

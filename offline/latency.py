@@ -38,8 +38,9 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 def bench_engine(engine, queries: list[str], depths: list[int], concurrency: list[int], top_k: int = 5) -> dict:
     """Per-stage latency for each rerank depth (0 = no rerank), then QPS under concurrent load at
-    the deepest depth swept."""
+    the deepest depth swept; the engine is warmed first as a server warms it at start."""
     report: dict = {"device": engine.device, "queries": len(queries), "depths": {}}
+    report["warmup_seconds"] = engine.warm_up(engine.settings.warmup_searches)
     for depth in depths:
         options = SearchOptions(rerank_depth=depth)
         engine.stages(queries[0], top_k, options=options)  # warm-up

@@ -56,6 +56,10 @@ class SearchService:
         started = time.perf_counter()
         self._owns_engine = engine is None
         self.engine = engine or HybridEngine(settings.engine, writable=writable, follow=follow)
+        searches = settings.engine.warmup_searches if self._owns_engine else 0  # a lent engine is its owner's
+        self.warmup = {"searches": searches, "seconds": round(self.engine.warm_up(searches), 2)}
+        if searches:
+            log.info("warmed Lucene with %d searches in %.1f s", searches, self.warmup["seconds"])
         traces = TraceStore(
             settings.agents.trace_db, settings.agents.trace_max_age_days, settings.agents.trace_max_messages
         )
@@ -181,6 +185,7 @@ class SearchService:
             **engine.describe(),
             "dense_search": engine.dense.backend,
             "load_seconds": round(self.load_seconds, 2),
+            "warmup": self.warmup,
         }
 
     def close(self) -> None:

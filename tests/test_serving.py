@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 import httpx
 import pytest
 
-from agents.door_load import a2a_v03_send
+from agents.door_load import a2a_v03_send, bench_http
 from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
 from engine.settings import EngineSettings
 from tests.helpers import a2a_v1_send, only_doc_ids
@@ -24,10 +24,20 @@ A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
 # ---------------------------------------------------------------- REST and health
 
 
+def test_bench_drives_each_door_and_says_why_requests_failed(server):
+    queries = ["soy milk", "coffee caffeine", "vitamin d"]
+    for door, url in (("rest", server["mcp"] + "/search_nfcorpus"), ("a2a", server["a2a"] + "/")):
+        run = bench_http(door, url, queries, [2], top_k=2)["runs"][0]
+        assert run["errors"] == 0 and "error_kinds" not in run and run["qps"] > 0, (door, run)
+    wrong = bench_http("rest", server["mcp"] + "/no_such_tool", queries, [1], top_k=2)["runs"][0]
+    assert wrong["errors"] == 3 and "404" in next(iter(wrong["error_kinds"])), wrong
+
+
 def test_health_and_metrics(server):
     health = httpx.get(server["mcp"] + "/health").json()
     assert health["index_loaded"] is True and health["documents"] == 32 and health["device"] == "cpu"
     assert health["dense_search"] == "faiss-cpu" and health["reranker"] is None and health["rerank_depth"] == 0
+    assert health["warmup"]["searches"] == EngineSettings().warmup_searches > 0  # Lucene warmed before serving
     httpx.post(server["mcp"] + "/search_nfcorpus", json={"query": "soy", "top_k": 2})
     metrics = httpx.get(server["mcp"] + "/metrics").text
     assert (

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -258,6 +260,20 @@ class HybridEngine:
         in its model card; training builds its pairs here too). ``chunks`` are texts already read
         (the store is asked for the others)."""
         return stages.passages(self, query, doc_ids, context, vector, exclude, chunks)[0]
+
+    def warm_up(self, searches: int) -> float:
+        """Run ``searches`` BM25 searches on short snippets of the store's own chunks, discarding the
+        hits, and return the seconds it took. A JVM compiles a method with its optimising compiler only
+        after thousands of calls, and that compiler's thread spends CPU beside the searches meanwhile:
+        served cold, the first ~2,000 queries each paid for it (docs/experiments.md)."""
+        started = time.perf_counter()
+        chunks = self.store.sample(min(searches, 2000)) if searches else []
+        draw = random.Random(0)
+        for i in range(searches if chunks else 0):
+            words = chunks[i % len(chunks)].contents.split()
+            start = draw.randrange(max(1, len(words) - 8))
+            self.bm25.search(" ".join(words[start : start + draw.randint(2, 8)]), self.settings.bm25_depth)
+        return time.perf_counter() - started
 
     def describe(self) -> dict:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries
