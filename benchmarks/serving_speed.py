@@ -4,9 +4,10 @@ benchmarks.serving_speed --baseline DIR`` (DIR: a checkout of the baseline, e.g.
 
 Each round starts the baseline's server and ours in turn on a copy of the index and sends the same
 dev queries through the same client: REST without a reranker at 1, 8 and 64 clients; REST with the
-reranker at depth 30 (pair cache off) at 8 clients; ours also through MCP and A2A at one client. Then
-``bench engine`` of each side, in its own process: per-stage p50 without and with the reranker.
-Alternating the two sides keeps the ratios fair when the machine's speed drifts.
+reranker at depth 30 (pair cache off) at 8 and 64 clients; ours also through MCP and A2A at one client,
+and again as ``serve --workers N`` for each N of ``--workers`` past 1 (side ``ours-workersN``). Then
+``bench engine`` of the baseline and ours, each in its own process: per-stage p50 without and with the
+reranker. Alternating the sides keeps the ratios fair when the machine's speed drifts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ BASE_CLI = [sys.executable, "-m", "serving.cli"]  # the entry point before the C
 
 def side(name: str, baseline: Path) -> tuple[Path, list[str]]:
     return (baseline, BASE_CLI) if name == "baseline" else (ROOT, CLI)
+
+
+def workers_flag(name: str) -> list[str]:
+    """``ours-workers2`` serves with ``--workers 2``; the other sides with one process."""
+    return ["--workers", name.removeprefix("ours-workers")] if name.startswith("ours-workers") else []
 
 
 def served(name: str, baseline: Path, index: Path, queries: list[str], work: Path, extra: list[str], plan) -> dict:
@@ -81,7 +87,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
     parser.add_argument("--reranker", default="../shared/models/nfcorpus-reranker-cpu")
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--rerank-queries", type=int, default=150, help="queries of the runs with the reranker")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", default="1", help="ours with each of these worker counts, e.g. 1,2")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks/results/cpu-2core/serving-speed.json")
     args = parser.parse_args()
     queries = list(load_dataset(args.data).split_queries("dev").values())[: args.queries]
@@ -89,20 +97,30 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="serving-speed-"))
     index = work / "index"
     shutil.copytree(args.index_dir, index)
-    runs: dict[str, list] = {"baseline": [], "ours": []}
+    names = ["baseline", "ours"] + [f"ours-workers{n}" for n in args.workers.split(",") if int(n) > 1]
+    runs: dict[str, list] = {name: [] for name in names}
     for _ in range(args.rounds):
-        for name in ("baseline", "ours"):
+        for name in names:
             plain = [("rest", 1), ("rest", 8), ("rest", 64)] + ([("mcp", 1), ("a2a", 1)] if name == "ours" else [])
-            row = served(name, args.baseline, index, queries, work, ["--no-rerank"], plain)
-            deep = ["--reranker", reranker, "--rerank-depth", "30", "--rerank-cache-size", "0"]
+            row = served(name, args.baseline, index, queries, work, ["--no-rerank", *workers_flag(name)], plain)
+            deep = ["--reranker", reranker, "--rerank-depth", "30", "--rerank-cache-size", "0", *workers_flag(name)]
+            deep_queries = queries[: args.rerank_queries]
             row |= {
                 f"rerank30 {k}": v
-                for k, v in served(name, args.baseline, index, queries, work, deep, [("rest", 8)]).items()
+                for k, v in served(
+                    name, args.baseline, index, deep_queries, work, deep, [("rest", 8), ("rest", 64)]
+                ).items()
             }
-            row["engine"] = engine_bench(name, args.baseline, index, args.data, reranker, work)
+            if not name.startswith("ours-workers"):
+                row["engine"] = engine_bench(name, args.baseline, index, args.data, reranker, work)
             runs[name].append(row)
             print(name, json.dumps(row), flush=True)
-    result = {"baseline": str(args.baseline), "queries": len(queries), "runs": runs}
+    result = {
+        "baseline": str(args.baseline),
+        "queries": len(queries),
+        "rerank_queries": min(len(queries), args.rerank_queries),
+        "runs": runs,
+    }
     print("saved", write_result(args.output, result))
 
 
