@@ -117,8 +117,8 @@ class SharedReranker(PairPreparer):
         for key in DESCRIBED:
             setattr(self, key, described[key])
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.name))
-        s = settings
-        super().__init__(tokenizer, self.max_length, PairCache(s.rerank_cache_size, s.rerank_cache_s) if s.rerank_cache_size else None)
+        cache = PairCache(settings.rerank_cache_size, settings.rerank_cache_s) if settings.rerank_cache_size else None
+        super().__init__(tokenizer, self.max_length, cache)
 
     def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
         return call(self.channel, RERANKER, "score", rows, lengths, timeout_s=self.timeout_s)

@@ -30,7 +30,9 @@ def _jobs(beir_dir) -> list[tuple[str, list[str]]]:
     return [(f"question {i} about {topics[i % 4]}", docs[i : i + 3 + i % 4]) for i in range(12)]
 
 
-def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(index_dir, reranker_dir, beir_dir, tmp_path):
+def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
+    index_dir, reranker_dir, beir_dir, tmp_path
+):
     settings = Settings().with_values(
         index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_batch_wait_ms=200, rerank_batch_tokens=1 << 20
     )
@@ -104,8 +106,14 @@ def alone(index_dir, reranker_dir):
     from engine.search import HybridEngine
     from engine.settings import EngineSettings
 
-    engines = {rerank: HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank=rerank)) for rerank in (True, False)}
-    yield {rerank: lambda query, e=engine: [(h.doc_id, h.score) for h in e.search(query, 5)] for rerank, engine in engines.items()}
+    engines = {
+        rerank: HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank=rerank))
+        for rerank in (True, False)
+    }
+    yield {
+        rerank: lambda query, e=engine: [(h.doc_id, h.score) for h in e.search(query, 5)]
+        for rerank, engine in engines.items()
+    }
     for engine in engines.values():
         engine.close()
 
