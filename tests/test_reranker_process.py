@@ -8,13 +8,14 @@ import logging
 import multiprocessing
 import os
 import shutil
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from engine.rerank.loading import load_reranker
 from engine.rerank.pair_assembly import PassageTokens
 from offline.dataset import load_dataset
@@ -158,3 +159,18 @@ def test_a_killed_reranker_process_leaves_queries_answered_in_fused_order_and_co
     _same(_search(client, asked), alone[True](asked))
     assert client.get("/health").json()["status"] == "ok"
     client.close()
+
+
+def test_a_reranker_that_cannot_load_stops_serve_with_its_reason(index_dir, tmp_path):
+    args = serve_args(index_dir, free_port(), "--workers", "2", "--shared-reranker", "on")
+    run = subprocess.run(
+        CLI + args + ["--reranker", str(tmp_path / "missing")],
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "hybrid-search: error: the reranker process" in run.stderr and "missing" in run.stderr
+    assert "Traceback" not in run.stderr
