@@ -344,7 +344,8 @@ def _dev_metrics(model, folder: Path, engine, settings, options: TrainOptions, q
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(str(folder))
     (folder / CARD_FILE).write_text(json.dumps(_serving_fields(options)))  # the full card comes last
-    checkpoint = SearchOptions(reranker=load_reranker(settings, str(folder), engine.device, cache=False))  # as served
+    served = settings.model_copy(update={"rerank_compile": False})  # as served, but a checkpoint is scored once
+    checkpoint = SearchOptions(reranker=load_reranker(served, str(folder), engine.device, cache=False))
     stage = served_stage(engine)
     runs = stage_runs(engine, queries, progress=False, reranked=(stage,), options=checkpoint)
     return evaluate_run(qrels, runs[f"{stage}+rerank"])

@@ -25,7 +25,6 @@ import logging
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import ray
 from ray import serve
@@ -191,11 +190,8 @@ def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
     """The Serve application: search replicas, a reranker deployment when the index has a reranker
     (on ``gpus`` GPUs a replica), and the one writer unless read-only."""
     search_settings = settings.with_values(device="cpu")
-    has_reranker = settings.engine.rerank and (
-        settings.engine.reranker is not None or Path(settings.engine.reranker_path).is_dir()
-    )
     reranker = None
-    if has_reranker:
+    if settings.engine.reranker_wanted:
         device = "cuda" if gpus else "cpu"
         options = _deployment_options(
             settings.scale_out.ray_reranker_replicas, settings.scale_out.ray_replica_cpus, gpus

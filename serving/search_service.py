@@ -19,6 +19,7 @@ from engine.documents import DocumentIn, SearchRequest
 from engine.errors import ServiceError
 from engine.health import FailureCount
 from engine.live.writer import DocumentNotFound, Writer
+from engine.rerank.cross_encoder import Scorer
 from engine.search import Hit, HybridEngine
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated
@@ -49,13 +50,15 @@ class SearchService:
         engine: HybridEngine | None = None,
         writable: bool = False,
         follow: Writer | None = None,
+        reranker: Scorer | None = None,
     ) -> None:
-        """``follow``: the index's writer in another process, whose checkpoints this engine shows."""
+        """``follow``: the index's writer in another process, whose checkpoints this engine shows;
+        ``reranker``: one in another process (by default the engine loads the index's own)."""
         self.settings = settings
         self.search_request = SearchRequest.limited(settings.serving.max_query_chars)  # what a search may ask here
         started = time.perf_counter()
         self._owns_engine = engine is None
-        self.engine = engine or HybridEngine(settings.engine, writable=writable, follow=follow)
+        self.engine = engine or HybridEngine(settings.engine, writable=writable, reranker=reranker, follow=follow)
         searches = settings.engine.warmup_searches if self._owns_engine else 0  # a lent engine is its owner's
         self.warmup = {"searches": searches, "seconds": round(self.engine.warm_up(searches), 2)}
         if searches:

@@ -14,7 +14,7 @@ import os
 import sys
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
@@ -65,6 +65,13 @@ class ServingSettings(BaseModel):
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
         " each gets cores / N threads, so a sensible N is the cores divided by the threads a worker should have"
         " (1: one process)",
+    )
+    shared_reranker: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="with --workers N > 1 and a reranker: on = one process owns the model and scores every"
+        " worker's pairs, batched by --rerank-batch-tokens (one copy of the model, no N processes taking turns on a"
+        " GPU); off = each worker loads its own; auto = on with CUDA, off on a CPU, where the worker's own"
+        " reranker answered faster (docs/configuration.md)",
     )
 
 

@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 
 from serving import telemetry
 from serving.app import build_apps, door_ports, serve_apps
+from serving.reranker_process import SharedReranker
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.tls import tls_options
@@ -39,14 +40,26 @@ class WorkerService(SearchService):
     every worker's series, each labelled ``worker``."""
 
     def __init__(self, settings: Settings, seat: Seat) -> None:
-        follow = WriterClient(seat.channel, settings.serving.query_timeout_s) if seat.role == "follower" else None
-        super().__init__(settings, writable=seat.role == "writer", follow=follow)
+        timeout_s = settings.serving.query_timeout_s
+        follow = WriterClient(seat.channel, timeout_s) if seat.role == "follower" else None
+        self.shared_reranker = (
+            SharedReranker(seat.channel, seat.reranker, settings.engine, timeout_s) if seat.reranker else None
+        )
+        super().__init__(settings, writable=seat.role == "writer", follow=follow, reranker=self.shared_reranker)
         self.seat = seat
 
     def health(self) -> dict:
+        """Also, with a shared reranker, whether its process answers: ``degraded`` while it does not
+        (queries are answered in the fused order until the supervisor has started it again)."""
         seat = self.seat
         worker = {"index": seat.index, "pid": os.getpid(), "role": seat.role, "threads": torch.get_num_threads()}
-        return {**super().health(), "worker": worker, "workers": seat.count}
+        found = {**super().health(), "worker": worker, "workers": seat.count}
+        if self.shared_reranker is not None:
+            process = self.shared_reranker.status()
+            found["reranker_process"] = process
+            if not process["reachable"]:
+                found["status"] = "degraded"
+        return found
 
     def exposition(self) -> bytes:
         return generate_latest(_AllWorkers(self.registry, self.seat))

@@ -1,6 +1,7 @@
 """The local channel between the workers of one ``serve --workers N``: each worker answers its
 siblings' calls on a Unix socket of its own (``w<index>.sock`` in the supervisor's private folder),
-and :class:`WriterClient` is the index's writer, worker 0, as a follower's engine sees it.
+and :class:`WriterClient` is the index's writer, worker 0, as a follower's engine sees it. The
+shared reranker process answers on the same terms at ``wreranker.sock`` (:mod:`serving.reranker_process`).
 
 A call is one connection: the shared key (32 bytes, compared before anything is unpickled), then a
 pickled ``(method, args)``, answered by a pickled ``("ok", value)`` or ``("error", exc)``. Not
@@ -40,7 +41,8 @@ class Channel:
     folder: Path
     key: bytes
 
-    def address(self, index: int) -> Path:
+    def address(self, index: int | str) -> Path:
+        """Worker ``index``'s socket, or another process's by name (``reranker``)."""
         return self.folder / f"w{index}.sock"
 
 
@@ -55,7 +57,7 @@ class WorkerFailed(ServiceError, RuntimeError):
 class ChannelServer:
     """Answers siblings' calls to ``handlers`` (method name -> function), a thread a call."""
 
-    def __init__(self, channel: Channel, index: int, handlers: dict[str, Callable[..., Any]]) -> None:
+    def __init__(self, channel: Channel, index: int | str, handlers: dict[str, Callable[..., Any]]) -> None:
         self.key, self.index, self.handlers = channel.key, index, handlers
         self.path = channel.address(index)
         self.path.unlink(missing_ok=True)  # left behind by a worker killed before it could close
@@ -82,7 +84,7 @@ class ChannelServer:
             with conn:
                 conn.settimeout(10)  # to read the call; a caller that stalls sending it is dropped
                 if not hmac.compare_digest(_exactly(conn, KEY_BYTES), self.key):
-                    log.warning("worker %d refused a call with the wrong key", self.index)
+                    log.warning("worker %s refused a call with the wrong key", self.index)
                     return
                 method, args = _receive(conn)
                 conn.settimeout(None)  # the caller bounds its own wait
@@ -120,7 +122,7 @@ class ChannelServer:
             thread.join(timeout_s)
 
 
-def call(channel: Channel, index: int, method: str, *args: Any, timeout_s: float) -> Any:
+def call(channel: Channel, index: int | str, method: str, *args: Any, timeout_s: float) -> Any:
     """``method(*args)`` in worker ``index``; its ServiceError raised here as raised there;
     :class:`WorkerUnreachable` when it cannot be reached or does not answer within ``timeout_s``."""
     try:

@@ -16,6 +16,10 @@ core rather than one interpreter's lock.
   it, so connections go to the workers that can answer them. The supervisor binds each port first,
   without listening (it takes no connections): a port in use fails before any worker loads, port 0
   becomes one port for all, and the port stays this server's while a worker restarts.
+- With a shared reranker (``--shared-reranker``, on by default with CUDA) one more process owns
+  the cross-encoder (:mod:`serving.reranker_process`): it starts first, the workers once it is
+  ready (they take its description to make its pairs), and it is started again when it dies while
+  the workers answer in the fused order.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from serving.app import door_ports
+from serving.reranker_process import RERANKER, run_reranker, shared
 from serving.settings import Settings
 from serving.tls import scheme, tls_options
 from serving.worker_channel import KEY_BYTES, Channel
@@ -51,6 +56,7 @@ class Seat:
     count: int
     writable: bool  # the index takes writes (no --read-only)
     channel: Channel
+    reranker: dict | None = None  # the shared reranker process's description (None: the worker loads its own)
 
     @property
     def role(self) -> str:
@@ -114,15 +120,20 @@ class _Worker:
     ready: bool = False
 
 
+Child = int | str  # a worker's index, or RERANKER
+
+
 class _Supervisor:
     def __init__(self, settings: Settings, doors: Doors, writable: bool, channel: Channel, where: str) -> None:
         self.settings, self.doors, self.where = settings, doors, where
         count = settings.serving.workers
         self.seats = [Seat(index, count, writable, channel) for index in range(count)]
         self.context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied threads or JVM
-        self.workers: dict[int, _Worker] = {}
-        self.failures = dict.fromkeys(range(count), 0)  # deaths in a row before serving, per worker
-        self.restart_at: dict[int, float] = {}
+        self.shared = shared(settings)
+        self.workers: dict[Child, _Worker] = {}  # the reranker process among them
+        self.failures = dict.fromkeys([*range(count), *[RERANKER] * self.shared], 0)  # deaths in a row before serving
+        self.restart_at: dict[Child, float] = {}
+        self.reranker: dict | None = None  # what the shared reranker said when ready
         self.serving = False  # every worker has served once: from now on a dead one is restarted
         self.stopping = False
         self.levels = _logging_levels()
@@ -133,8 +144,10 @@ class _Supervisor:
         previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         old_fd = signal.set_wakeup_fd(wake_write.fileno())  # a signal wakes the wait below
         try:
-            for seat in self.seats:
-                self._start(seat)
+            if self.shared:  # the workers start once it is ready: they make its pairs from its description
+                self._start(RERANKER)
+            else:
+                self._start_workers()
             while not self.stopping:
                 self._step(wake_read)
         finally:
@@ -148,37 +161,45 @@ class _Supervisor:
     def _stop(self, signum, frame) -> None:
         self.stopping = True
 
-    def _start(self, seat: Seat) -> None:
+    def _start_workers(self) -> None:
+        for seat in self.seats:
+            self._start(seat.index)
+
+    def _start(self, child: Child) -> None:
         messages, sender = self.context.Pipe(duplex=False)
-        process = self.context.Process(
-            target=_work,
-            args=(seat, self.settings, self.doors, sender, self.levels),
-            name=f"hybrid-search worker {seat.index}",
-        )
+        if child == RERANKER:
+            target, args = run_reranker, (self.seats[0].channel, self.settings, sender, self.levels)
+        else:
+            seat = replace(self.seats[child], reranker=self.reranker)
+            target, args = _work, (seat, self.settings, self.doors, sender, self.levels)
+        process = self.context.Process(target=target, args=args, name=f"hybrid-search {self._name(child)}")
         process.start()
-        sender.close()  # the worker holds the other end: its death closes the pipe
-        self.workers[seat.index] = _Worker(process, messages)
-        log.info("worker %d (%s) starting, pid %d", seat.index, seat.role, process.pid)
+        sender.close()  # the child holds the other end: its death closes the pipe
+        self.workers[child] = _Worker(process, messages)
+        log.info("%s starting, pid %d", self._name(child), process.pid)
+
+    def _name(self, child: Child) -> str:
+        return "the reranker process" if child == RERANKER else f"worker {child} ({self.seats[child].role})"
 
     def _step(self, wake: socket.socket) -> None:
         """Wait for a worker's message or death, a signal, or a restart falling due; act on it."""
         now = time.monotonic()
         timeout = max(0.0, min(self.restart_at.values()) - now) if self.restart_at else None
-        handles = {w.process.sentinel: index for index, w in self.workers.items()}
-        handles |= {w.messages: index for index, w in self.workers.items() if not w.messages.closed}
+        handles = {w.process.sentinel: child for child, w in self.workers.items()}
+        handles |= {w.messages: child for child, w in self.workers.items() if not w.messages.closed}
         woken = wait([*handles, wake], timeout)
         if wake in woken:
             wake.recv(64)
         for handle in sorted(set(woken) - {wake}, key=lambda h: not isinstance(h, Connection)):  # messages first
             if handles[handle] in self.workers:
                 (self._message if isinstance(handle, Connection) else self._died)(handles[handle])
-        for index, due in list(self.restart_at.items()):
+        for child, due in list(self.restart_at.items()):
             if due <= time.monotonic() and not self.stopping:
-                del self.restart_at[index]
-                self._start(self.seats[index])
+                del self.restart_at[child]
+                self._start(child)
 
-    def _message(self, index: int) -> None:
-        worker = self.workers[index]
+    def _message(self, child: Child) -> None:
+        worker = self.workers[child]
         try:
             kind, detail = worker.messages.recv()
         except EOFError:  # it died: its sentinel says so
@@ -186,55 +207,74 @@ class _Supervisor:
             return
         if kind == "failed":
             worker.messages.close()
-            self._refused(index, detail)
+            self._refused(child, detail)
             return
-        worker.ready, self.failures[index] = True, 0
-        log.info("worker %d (%s) serving, pid %s", index, self.seats[index].role, detail)
-        if not self.serving and all(w.ready for w in self.workers.values()):
+        worker.ready, self.failures[child] = True, 0
+        if child == RERANKER:
+            self._reranker_ready(detail)
+            return
+        log.info("%s serving, pid %s", self._name(child), detail)
+        started = [self.workers.get(seat.index) for seat in self.seats]
+        if not self.serving and all(w is not None and w.ready for w in started):
             self.serving = True
-            log.info("all %d workers serving: %s", len(self.workers), self.where)
+            log.info("all %d workers serving: %s", len(self.seats), self.where)
 
-    def _refused(self, index: int, reason: str) -> None:
-        if not self.serving:  # a worker that cannot start at all: the whole server cannot (a bad index, say)
+    def _reranker_ready(self, described: dict | None) -> None:
+        """The first time, the workers start: with its description, or without a reranker when it
+        could load none (as one process serves fused results then)."""
+        if self.serving or any(seat.index in self.workers for seat in self.seats):
+            log.info("the reranker process is back, pid %d", self.workers[RERANKER].process.pid)
+            return
+        self.reranker = described
+        if described is None:  # it has exited: nothing to restart
+            self.shared, self.settings = False, self.settings.with_values(rerank=False)
+        else:
+            log.info("the reranker process serving %s on %s", described["name"], described["device"])
+        self._start_workers()
+
+    def _refused(self, child: Child, reason: str) -> None:
+        if not self.serving:  # a child that cannot start at all: the whole server cannot (a bad index, say)
             raise RuntimeError(reason)
         log.error("%s", reason)
 
-    def _died(self, index: int) -> None:
-        worker = self.workers[index]
+    def _died(self, child: Child) -> None:
+        worker = self.workers[child]
         if not worker.messages.closed and worker.messages.poll():  # its last word: why it failed
-            self._message(index)
-        del self.workers[index]
+            self._message(child)
+        del self.workers[child]
         worker.process.join()
-        if self.stopping:
+        if self.stopping or (child == RERANKER and not self.shared):
             return
         if not self.serving and not worker.ready:
-            raise RuntimeError(f"worker {index} exited with code {worker.process.exitcode} while starting")
-        self.failures[index] = 0 if worker.ready else self.failures[index] + 1
-        wait_s = RESTART_BACKOFF_S[min(self.failures[index], len(RESTART_BACKOFF_S) - 1)]
+            raise RuntimeError(f"{self._name(child)} exited with code {worker.process.exitcode} while starting")
+        self.failures[child] = 0 if worker.ready else self.failures[child] + 1
+        wait_s = RESTART_BACKOFF_S[min(self.failures[child], len(RESTART_BACKOFF_S) - 1)]
         log.warning(
-            "worker %d (%s, pid %d) exited with code %s; starting it again%s",
-            index,
-            self.seats[index].role,
+            "%s (pid %d) exited with code %s; starting it again%s",
+            self._name(child),
             worker.process.pid,
             worker.process.exitcode,
             f" in {wait_s} s" if wait_s else "",
         )
-        self.restart_at[index] = time.monotonic() + wait_s
+        self.restart_at[child] = time.monotonic() + wait_s
 
     def _stop_all(self) -> None:
-        """SIGTERM to every worker (each drains its requests; the writer checkpoints), then wait."""
+        """SIGTERM to every worker (each drains its requests; the writer checkpoints), then to the
+        reranker process, which the draining requests may still call; wait for each."""
         self.stopping = True
-        for worker in self.workers.values():
-            if worker.process.is_alive():
-                worker.process.terminate()
         deadline = time.monotonic() + self.settings.serving.query_timeout_s + 30
-        for index, worker in self.workers.items():
-            worker.process.join(max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
-                log.error("worker %d did not stop in time; killing it", index)
-                worker.process.kill()
-                worker.process.join()
-            worker.messages.close()
+        for group in ([c for c in self.workers if c != RERANKER], [c for c in self.workers if c == RERANKER]):
+            for child in group:
+                if self.workers[child].process.is_alive():
+                    self.workers[child].process.terminate()
+            for child in group:
+                worker = self.workers[child]
+                worker.process.join(max(0.0, deadline - time.monotonic()))
+                if worker.process.is_alive():
+                    log.error("%s did not stop in time; killing it", self._name(child))
+                    worker.process.kill()
+                    worker.process.join()
+                worker.messages.close()
 
 
 def _work(seat: Seat, settings: Settings, doors: Doors, messages: Connection, levels: dict[str, int]) -> None:

@@ -17,6 +17,23 @@ def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
     assert order(gpu)[:5] == order(cpu)[:5]
 
 
+def test_the_compiled_reranker_scores_as_eager_fp16_without_compiling_at_request_time(reranker_dir, beir_dir):
+    """Warmed over its buckets at load: the first request finds every shape compiled."""
+    import time
+
+    from engine.rerank.cross_encoder import Reranker
+    from offline.dataset import load_dataset
+
+    docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
+    eager = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32).score("caffeine and the liver", docs)
+    compiled = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32, compile_model=True)
+    assert compiled.compiled is not None
+    started = time.perf_counter()
+    scores = compiled.score("caffeine and the liver", docs)
+    assert time.perf_counter() - started < 1.0  # a compilation takes seconds
+    assert scores == pytest.approx(eager, abs=2e-3)
+
+
 def test_engine_auto_picks_cuda(index_dir, reranker_dir):
     from engine.search import HybridEngine
     from engine.settings import EngineSettings

@@ -30,10 +30,15 @@ STAGES = (  # minutes as measured on an H100 on 2026-11-24 (benchmarks/results/h
     Stage("rerank", 1.5, "reranker pairs/s: fp32, tf32, bf16, fp16, torch.compile, CUDA graphs, rank agreement"),
     Stage("bench", 1.4, "per-stage latency at rerank depth 0-200, queries/s at 1-128 clients, in-process"),
     Stage("http", 3.7, "end to end through REST and A2A at 1, 8 and 64 clients"),
+    # not yet run on a GPU: minutes estimated from the CPU rehearsal's steps (`rehearse`, docs/gpu.md)
+    Stage("compiled", 1.5, "the served reranker eager and torch.compile'd over its buckets: ms a query, warm-up"),
+    Stage("workers", 2.5, "serve --workers 4, each worker with its own reranker: REST at 1, 8 and 64 clients"),
+    Stage("shared", 2.5, "serve --workers 4, one reranker process batching every worker's pairs: the same"),
 )
 INSTALL_MINUTES = 0.2
-# Three commands after the parts arrive, each well inside COMMAND_SECONDS.
-BATCHES = (("check", "tests", "train"), ("evaluate", "rerank", "bench"), ("http",))
+# Four commands after the parts arrive, each well inside COMMAND_SECONDS.
+BATCHES = (("check", "tests", "train"), ("evaluate", "rerank", "bench"), ("http",), ("compiled", "workers", "shared"))
+REHEARSED = ("compiled", "workers", "shared")  # the stages `rehearse` runs on a CPU, small
 
 
 def stage(name: str) -> Stage:

@@ -14,7 +14,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu_kit.plan import KIT_DIR, MANIFEST, describe, stage
+from benchmarks.gpu_kit.plan import KIT_DIR, MANIFEST, REHEARSED, describe, stage
 
 HOME = Path("/tmp/gpukit")
 REPO = Path(__file__).resolve().parents[2]
@@ -78,11 +78,13 @@ def install(manifest: dict, home: Path = HOME) -> dict[str, str]:
     }
 
 
-def _commands(results: Path) -> dict[str, list[list[str]]]:
+def _commands(results: Path, small: bool = False) -> dict[str, list[list[str]]]:
     py = [sys.executable]
     cli = py + ["-m", "cli.main"]
+    kit = py + ["-m", "benchmarks.gpu_kit"]
+    sized = ["--small"] if small else []
     return {
-        "check": [py + ["-m", "benchmarks.gpu_kit", "check", "--out", str(results / "check.json")]],
+        "check": [kit + ["check", "--out", str(results / "check.json")]],
         "tests": [py + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rA"]],
         "train": [cli + ["train-reranker"]],
         "evaluate": [cli + ["evaluate", "--split", "dev", "--output", str(results / "eval-dev")]],
@@ -92,7 +94,8 @@ def _commands(results: Path) -> dict[str, list[list[str]]]:
             + ["bench", "engine", "--depths", "0,10,20,50,100,200", "--concurrency", "1,8,32,64,128"]
             + ["--num-queries", "100", "--output", str(results), "--name", "engine"]
         ],
-        "http": [py + ["-m", "benchmarks.gpu_kit", "http", "--out", str(results)]],
+        "http": [kit + ["http", "--out", str(results)]],
+        **{name: [kit + [name, "--out", str(results), *sized]] for name in REHEARSED},
     }
 
 
@@ -105,8 +108,30 @@ def run(stages: list[str], out: Path, carried: Path = REPO / KIT_DIR) -> int:
         return 0 if not stages else 3
     env = install(manifest)
     results = HOME / "results"
+    return run_stages(stages, env, results, lambda: _ship(results, out))
+
+
+def rehearse(stages: list[str], index_dir: Path, data_dir: Path, out: Path) -> int:
+    """The new stages here, on a CPU, small (two workers, a few clients and queries), in this
+    environment rather than an installed bundle: what a GPU session will run, proved to run."""
+    unknown = [name for name in stages if name not in REHEARSED]
+    if unknown:
+        raise SystemExit(f"rehearse runs {', '.join(REHEARSED)}, not {', '.join(unknown)}")
+    env = {
+        **os.environ,
+        "HYBRID_SEARCH_INDEX_DIR": str(index_dir.resolve()),
+        "HYBRID_SEARCH_DATA_DIR": str(data_dir.resolve()),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return run_stages(stages, env, out, lambda: None, small=True)
+
+
+def run_stages(stages: list[str], env: dict[str, str], results: Path, ship, small: bool = False) -> int:
+    """Each stage a child process with ``env``, its log and results in ``results`` with
+    ``stages.json`` (exit code and seconds); ``ship`` after each."""
     results.mkdir(parents=True, exist_ok=True)
-    commands = _commands(results)
+    commands = _commands(results, small)
     summary_path = results / "stages.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     failed = 0
@@ -124,7 +149,7 @@ def run(stages: list[str], out: Path, carried: Path = REPO / KIT_DIR) -> int:
         failed += max(codes) != 0
         print(f"{name}: exit {max(codes)} in {seconds / 60:.1f} min", flush=True)
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-        _ship(results, out)
+        ship()
     return 1 if failed else 0
 
 

@@ -1,10 +1,17 @@
-"""Cross-request micro-batching for the reranker.
+"""Cross-request batching for the reranker, by a token budget.
 
-On a GPU one batch of 800 pairs costs little more than one of 100, so concurrent queries' pairs
-are scored together: the first request opens a batch, requests already in ``finish`` join it (waiting
-at most ``max_wait_s`` for one, up to ``max_pairs``), one forward pass scores them all, and each
-caller gets back exactly the scores of its own pairs. A lone request never waits for company that is
-not coming: at one client the wait was pure latency.
+On a GPU a pass over 800 pairs costs far less than eight passes over 100, so concurrent queries'
+pairs are scored together: the first request opens a batch, requests already in ``finish`` join it
+(waiting at most ``max_wait_s`` for one) while the batch's tokens stay within ``max_tokens``, the
+model scores them all in length-sorted passes, and each caller gets back exactly the scores of its
+own pairs. The budget counts tokens, not pairs or queries (text-embeddings-inference's
+max-batch-tokens): a pair's cost and memory grow with its length, so 1,000 pairs of 64 tokens and
+250 of 256 are one budget. A request that would overflow the batch opens the next one. A lone
+request never waits for company that is not coming: at one client the wait was pure latency.
+
+One batcher owns the model: inside a process on CUDA (:class:`~engine.search.hybrid.HybridEngine`),
+and in the process that scores every worker's pairs with ``serve --workers N``
+(:mod:`serving.reranker_process`).
 """
 
 from __future__ import annotations
@@ -24,15 +31,20 @@ class _Request:
     prepared: PreparedPairs
     future: Future = field(default_factory=Future)
 
+    @property
+    def tokens(self) -> int:
+        return sum(len(row.ids) for row in self.prepared.rows)
+
 
 class RerankBatcher:
     """Same interface as :class:`Reranker`'s ``score``, ``prepare`` and ``finish``; each caller
-    prepares its own pairs, one worker thread owns the model."""
+    prepares its own pairs, one worker thread owns the model. ``max_tokens``: the batch's budget,
+    counted over its pairs' token ids (``rerank_batch_tokens``)."""
 
-    def __init__(self, reranker: Reranker, max_wait_s: float = 0.003, max_pairs: int = 1024) -> None:
+    def __init__(self, reranker: Reranker, max_wait_s: float, max_tokens: int) -> None:
         self.reranker = reranker
         self.max_wait_s = max_wait_s
-        self.max_pairs = max_pairs
+        self.max_tokens = max_tokens
         self.batches = 0
         self._inside = 0  # callers in finish(): the batch waits only for those it does not hold yet
         self._count = threading.Lock()
@@ -67,12 +79,13 @@ class RerankBatcher:
         self._worker.join(timeout=5)
 
     def _run(self) -> None:
+        held: _Request | None = None  # the request that would have overflowed the last batch: it opens this one
         while True:
-            first = self._queue.get()
+            first, held = held or self._queue.get(), None
             if first is None:
                 return
-            batch, pairs = [first], len(first.prepared.rows)
-            while pairs < self.max_pairs and (self._inside > len(batch) or not self._queue.empty()):
+            batch, tokens = [first], first.tokens
+            while tokens < self.max_tokens and (self._inside > len(batch) or not self._queue.empty()):
                 try:
                     nxt = self._queue.get(timeout=self.max_wait_s)
                 except queue.Empty:
@@ -80,8 +93,11 @@ class RerankBatcher:
                 if nxt is None:
                     self._queue.put(None)
                     break
+                if tokens + nxt.tokens > self.max_tokens:
+                    held = nxt
+                    break
                 batch.append(nxt)
-                pairs += len(nxt.prepared.rows)
+                tokens += nxt.tokens
             self._score(batch)
 
     def _score(self, batch: list[_Request]) -> None:

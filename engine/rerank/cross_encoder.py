@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from engine.rerank.compiled import CompiledPasses
 from engine.rerank.onnx import OnnxCrossEncoder, Pairs
 from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
@@ -42,7 +43,7 @@ class Scorer(Protocol):
 @runtime_checkable
 class PairScorer(Scorer, Protocol):
     """A scorer that makes its pairs apart from scoring them, from token ids where it can (a
-    :class:`Reranker` or its micro-batcher)."""
+    :class:`Reranker`, its micro-batcher, or a :class:`PairPreparer` whose model is in another process)."""
 
     text_tokens: TextTokenizer | None  # the tokenizer whose ids ``prepare`` reads (None: it reads texts)
 
@@ -64,73 +65,21 @@ class PreparedPairs:
     lengths: list[int]
 
 
-class Reranker:
-    """Scores (query, document) pairs jointly, in length-sorted batches.
+class PairPreparer:
+    """The half of a reranker that makes its pairs and keeps their scores: the tokenizer, the window
+    (``max_length`` tokens a pair), the stored ids' assembler and the score cache, without the model.
+    :class:`Reranker` adds the model; a worker whose reranker lives in another process (``serve
+    --workers N`` with a shared reranker) holds this half alone and sends the rows there.
+    Subclasses give :meth:`_scores`."""
 
-    ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
-    ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
-    Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on the pairs ``calibration`` gives
-    when it has to be made. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
-    many tokens a pair, whatever the model was trained with.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        device: str,
-        max_length: int | None = None,
-        batch_size: int = 32,
-        runtime: str = "auto",
-        quantize: str = "auto",
-        cache: PairCache | None = None,
-        length_cap: int | None = None,
-        calibration: Callable[[], Pairs] | None = None,
-    ) -> None:
-        from sentence_transformers import CrossEncoder
-
-        source = resolve_model(name)
-        if Path(name).exists() and not (Path(name) / "config.json").is_file():
-            raise RerankerError(f"{name}: not a model folder (no config.json)")
-        card = _read_card(Path(source) / CARD_FILE)
-        if quantize == "auto":  # a CPU student says how it is served on a CPU; anything else runs as trained
-            quantize = card["cpu_quantize"] if device == "cpu" and runtime in ("auto", "onnx") else "none"
-        wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
-        if quantize != "none" and wanted != "onnx":
-            raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
-        try:
-            self.model = CrossEncoder(
-                source, device="cpu" if wanted == "onnx" else device, max_length=max_length, num_labels=1
-            )
-        except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
-            raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
-        # unset: the length the model was saved with (what `train-reranker` trained), within its positions
-        positions = getattr(self.model.transformers_model.config, "max_position_embeddings", 512)
-        self.model.max_seq_length = min(self.model.max_seq_length or positions, positions, length_cap or positions)
-        self.max_length: int = self.model.max_seq_length
-        self.onnx: OnnxCrossEncoder | None = None
-        if wanted == "onnx":
-            try:
-                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize, calibration)
-            except Exception as exc:  # tracing or the runtime failed: say so, and why
-                if runtime == "onnx" or quantize != "none":
-                    raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc
-                log.warning("ONNX Runtime cannot run %s (%s); scoring with torch", name, exc)
-                self.model.to(device)
-        if self.onnx is None and device == "cuda":
-            self.model.half()
+    def __init__(self, tokenizer, max_length: int, cache: PairCache | None = None) -> None:
+        self.max_length = max_length
         # the torch path reads the same token arrays as ONNX Runtime: tokenizing 100 pairs through
         # CrossEncoder.predict took ~200 ms of CPU a query on the H100 machine, 20x the GPU's work
-        self.tokenize = (
-            self.onnx.tokenize if self.onnx is not None else PairTokenizer(self.model.tokenizer, self.max_length)
-        )
-        self.assembler = PairAssembler.create(self.model.tokenizer, self.max_length)
+        self.tokenize = PairTokenizer(tokenizer, max_length)
+        self.assembler = PairAssembler.create(tokenizer, max_length)
         self.text_tokens = self.assembler.tokenizer if self.assembler is not None else None
-        self.runtime = ("onnx" if quantize == "none" else f"onnx-{quantize}") if self.onnx is not None else "torch"
         self.cache = cache
-        self.name = name
-        self.device = device
-        self.batch_size = batch_size
-        self.memory_context: int = card["memory_context"]
 
     def score(self, query: str, passages: list[str], tokens: Sequence[PassageTokens] | None = None) -> list[float]:
         """One relevance score per passage, in the order given (``tokens``: as for :meth:`prepare`)."""
@@ -154,9 +103,9 @@ class Reranker:
         return self.finish_together([prepared])[0]
 
     def finish_together(self, prepared: Sequence[PreparedPairs]) -> list[list[float]]:
-        """Several queries' prepared pairs scored in one pass of the model; each gets its own scores."""
+        """Several queries' prepared pairs scored together; each gets its own scores."""
         rows = [row for p in prepared for row in p.rows]
-        fresh = iter(self._activated(rows, [n for p in prepared for n in p.lengths]) if rows else [])
+        fresh = iter(self._scores(rows, [n for p in prepared for n in p.lengths]) if rows else [])
         scores = []
         for p in prepared:
             mine = [next(fresh) for _ in p.rows]
@@ -181,7 +130,80 @@ class Reranker:
             rows[j] = row
         return PreparedPairs(found, [keys[i] for i in todo] if keys else [], rows, [len(q) + len(p) for q, p in texts])
 
-    def _activated(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+        """The model's scores of ``rows`` (``lengths``: the characters they are sorted by)."""
+        raise NotImplementedError
+
+
+class Reranker(PairPreparer):
+    """Scores (query, document) pairs jointly, in length-sorted batches.
+
+    ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
+    ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
+    Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on the pairs ``calibration`` gives
+    when it has to be made. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
+    many tokens a pair, whatever the model was trained with. ``compile_model``: on CUDA with torch, the
+    model compiled over a few shapes and warmed now (:mod:`engine.rerank.compiled`); else ignored.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        max_length: int | None = None,
+        batch_size: int = 32,
+        runtime: str = "auto",
+        quantize: str = "auto",
+        cache: PairCache | None = None,
+        length_cap: int | None = None,
+        calibration: Callable[[], Pairs] | None = None,
+        compile_model: bool = False,
+    ) -> None:
+        from sentence_transformers import CrossEncoder
+
+        source = resolve_model(name)
+        if Path(name).exists() and not (Path(name) / "config.json").is_file():
+            raise RerankerError(f"{name}: not a model folder (no config.json)")
+        card = _read_card(Path(source) / CARD_FILE)
+        if quantize == "auto":  # a CPU student says how it is served on a CPU; anything else runs as trained
+            quantize = card["cpu_quantize"] if device == "cpu" and runtime in ("auto", "onnx") else "none"
+        wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
+        if quantize != "none" and wanted != "onnx":
+            raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
+        try:
+            self.model = CrossEncoder(
+                source, device="cpu" if wanted == "onnx" else device, max_length=max_length, num_labels=1
+            )
+        except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
+            raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
+        # unset: the length the model was saved with (what `train-reranker` trained), within its positions
+        positions = getattr(self.model.transformers_model.config, "max_position_embeddings", 512)
+        self.model.max_seq_length = min(self.model.max_seq_length or positions, positions, length_cap or positions)
+        super().__init__(self.model.tokenizer, self.model.max_seq_length, cache)
+        self.onnx: OnnxCrossEncoder | None = None
+        if wanted == "onnx":
+            try:
+                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize, calibration)
+            except Exception as exc:  # tracing or the runtime failed: say so, and why
+                if runtime == "onnx" or quantize != "none":
+                    raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc
+                log.warning("ONNX Runtime cannot run %s (%s); scoring with torch", name, exc)
+                self.model.to(device)
+        self.compiled: CompiledPasses | None = None
+        if self.onnx is None and device == "cuda":
+            self.model.half()
+            if compile_model:  # only here: a CPU never compiles
+                model, pad_id = self.model.transformers_model, self.tokenize.pad_id
+                self.compiled = CompiledPasses(model, pad_id, batch_size, self.max_length)
+        self.runtime = ("onnx" if quantize == "none" else f"onnx-{quantize}") if self.onnx is not None else "torch"
+        self.name = name
+        self.device = device
+        self.batch_size = batch_size
+        self.memory_context: int = card["memory_context"]
+        if self.compiled is not None:
+            self.compiled.warm()
+
+    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
         import torch
 
         return [float(s) for s in self.model.activation_fn(torch.tensor(self._logits(rows, lengths)))]
@@ -212,6 +234,7 @@ class Reranker:
             try:
                 return self._torch_logits(rows, lengths, batch)
             except torch.cuda.OutOfMemoryError:
+                self.compiled = None  # eager from now on: its compiled buckets were for the larger batches
                 torch.cuda.empty_cache()
                 if batch > 1:
                     batch //= 2
@@ -232,6 +255,9 @@ class Reranker:
         with torch.inference_mode():
             for part in _batches(lengths, batch):
                 features = pad_rows([rows[i] for i in part], self.tokenize.pad_id)
+                if self.compiled is not None:
+                    logits[part] = self.compiled(features)
+                    continue
                 inputs = {name: torch.from_numpy(array).to(device) for name, array in features.items()}
                 logits[part] = model(**inputs).logits[:, 0].float().cpu().numpy()
         return logits.tolist()

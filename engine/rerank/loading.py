@@ -15,9 +15,10 @@ from engine.store.index_dir import DOCS_FILE
 log = logging.getLogger(__name__)
 
 
-def open_reranker(settings: EngineSettings, device: str) -> Reranker | None:
+def open_reranker(settings: EngineSettings, device: str, cache: bool = True) -> Reranker | None:
     """The configured reranker on ``device``, or None (said in the log) when the index has none or
-    it cannot load; a reranker named explicitly (``--reranker``) that cannot load raises."""
+    it cannot load; a reranker named explicitly (``--reranker``) that cannot load raises. ``cache``:
+    as for :func:`load_reranker`."""
     if not settings.rerank:
         return None
     path = settings.reranker_path
@@ -25,7 +26,7 @@ def open_reranker(settings: EngineSettings, device: str) -> Reranker | None:
         log.warning("no reranker at %s (train one with `hybrid-search train-reranker`); serving fused results", path)
         return None
     try:
-        return load_reranker(settings, path, device)
+        return load_reranker(settings, path, device, cache)
     except RerankerError as exc:
         if settings.reranker is not None:
             raise
@@ -34,8 +35,9 @@ def open_reranker(settings: EngineSettings, device: str) -> Reranker | None:
 
 
 def load_reranker(settings: EngineSettings, path: str, device: str, cache: bool = True) -> Reranker:
-    """The reranker at ``path`` as serving runs it: runtime, quantization, length, batch, and the
-    pair cache unless ``cache`` is off (training scores each checkpoint afresh)."""
+    """The reranker at ``path`` as serving runs it: runtime, quantization, length, batch, compiled on
+    CUDA, and the pair cache unless ``cache`` is off (training scores each checkpoint afresh; the
+    shared reranker process leaves the cache to the workers)."""
     s = settings
     return Reranker(
         path,
@@ -47,6 +49,7 @@ def load_reranker(settings: EngineSettings, path: str, device: str, cache: bool 
         cache=PairCache(s.rerank_cache_size, s.rerank_cache_s) if cache and s.rerank_cache_size else None,
         length_cap=s.rerank_length_cap(device),
         calibration=int8_calibration(s.index_dir),
+        compile_model=s.rerank_compile and device == "cuda",
     )
 
 

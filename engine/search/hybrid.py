@@ -171,7 +171,7 @@ class HybridEngine:
             log.warning("%s; serving fused results", message)
             return None
         if given is None and self.device == "cuda" and self.settings.rerank_batch_wait_ms > 0:
-            return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000)
+            return RerankBatcher(reranker, self.settings.rerank_batch_wait_ms / 1000, self.settings.rerank_batch_tokens)
         return reranker
 
     @property

@@ -1,0 +1,133 @@
+"""The reranker of ``serve --workers N`` as one process of its own, shared by every worker.
+
+With N workers each loading the cross-encoder, a GPU holds N copies of the model and N processes
+take turns on it, each with one query's pairs. Here one process owns the model: the supervisor
+(:mod:`serving.workers`) starts it before the workers and again whenever it dies. A worker makes
+its pairs itself, from the token ids the index keeps (:class:`SharedReranker`, the
+:class:`~engine.rerank.cross_encoder.PairPreparer` half of a reranker, with the score cache), and
+sends their rows over the workers' local channel (:mod:`serving.worker_channel`, the address
+``reranker``); the process gathers every worker's rows into batches by a token budget
+(:class:`~engine.rerank.batching.RerankBatcher`, ``rerank_batch_tokens``), scores them in
+length-sorted passes, and answers each call with exactly its own scores.
+
+A failure is a reranker failure as in one process: a call that fails or finds the process gone
+(killed, restarting) raises in the worker, whose query is answered in the fused order
+(:mod:`engine.search.stages`), and its ``/health`` says ``degraded`` with the process unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection, wait
+
+from engine.rerank.cross_encoder import PairPreparer, PreparedPairs
+from engine.rerank.pair_cache import PairCache
+from engine.rerank.pair_tokens import PairRow
+from engine.retrieval.encoder import resolve_model
+from engine.settings import EngineSettings
+from serving.settings import Settings
+from serving.worker_channel import Channel, ChannelServer, WorkerUnreachable, call
+
+log = logging.getLogger(__name__)
+RERANKER = "reranker"  # its address on the channel, and its name among the supervisor's children
+STATUS_TIMEOUT_S = 2.0
+DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size")
+
+
+def shared(settings: Settings) -> bool:
+    """Whether ``serve --workers N`` runs the reranker in a process of its own (``shared_reranker``).
+    ``auto`` with ``--device auto`` asks torch whether there is a GPU: the supervisor imports torch
+    then (no CUDA context is made; its children are spawned, not forked)."""
+    if settings.serving.workers < 2 or not settings.engine.reranker_wanted:
+        return False
+    if settings.serving.shared_reranker != "auto":
+        return settings.serving.shared_reranker == "on"
+    if settings.engine.device != "auto":
+        return settings.engine.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_reranker(channel: Channel, settings: Settings, messages: Connection, levels: dict[str, int]) -> None:
+    """The process (spawned): load the reranker, warm it (compiled on CUDA), say "ready" with what
+    the workers need to make its pairs (None: no reranker could be loaded, the workers serve fused
+    results), then score the workers' calls until SIGTERM. Its threads are every core, unless the
+    user set ``OMP_NUM_THREADS``: the model is the heavy part of a query."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=levels.pop(""), format="%(asctime)s %(levelname)s %(name)s [reranker]: %(message)s", stream=sys.stderr
+    )
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    threads = os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    for name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ.setdefault(name, threads)
+    from engine.rerank.batching import RerankBatcher  # after the variables above: torch reads them
+    from engine.rerank.loading import open_reranker
+    from engine.retrieval.encoder import pick_device
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    threading.Thread(target=_stop_with_supervisor, args=(stop,), name="supervisor-watch", daemon=True).start()
+    s = settings.engine
+    try:
+        reranker = open_reranker(s, pick_device(s.device), cache=False)  # the workers keep the score cache
+    except Exception as exc:
+        log.debug("the reranker could not start", exc_info=True)
+        messages.send(("failed", f"the reranker process: {exc}"))
+        raise SystemExit(2) from None
+    if reranker is None:
+        messages.send(("ready", None))
+        return
+    batcher = RerankBatcher(reranker, s.rerank_batch_wait_ms / 1000, s.rerank_batch_tokens)
+
+    def score(rows: list[PairRow], lengths: list[int]) -> list[float]:
+        return batcher.finish(PreparedPairs([None] * len(rows), [], rows, lengths))
+
+    def status() -> dict:
+        return {"pid": os.getpid(), "batches": batcher.batches, "device": reranker.device}
+
+    server = ChannelServer(channel, RERANKER, {"score": score, "status": status})
+    messages.send(("ready", {key: getattr(reranker, key) for key in DESCRIBED}))
+    log.info("reranker %s on %s (%s) scoring every worker's pairs", reranker.name, reranker.device, reranker.runtime)
+    stop.wait()
+    server.close(settings.serving.query_timeout_s)
+    batcher.close()
+
+
+def _stop_with_supervisor(stop: threading.Event) -> None:
+    """The process outlives no supervisor."""
+    wait([multiprocessing.parent_process().sentinel])
+    log.warning("the supervisor is gone; stopping")
+    stop.set()
+
+
+class SharedReranker(PairPreparer):
+    """The reranker process as a worker's engine sees it: pairs made here (the tokenizer, the
+    window, the score cache), scored there. ``described``: what the process said when ready."""
+
+    def __init__(self, channel: Channel, described: dict, settings: EngineSettings, timeout_s: float) -> None:
+        from transformers import AutoTokenizer
+
+        self.channel, self.timeout_s = channel, timeout_s
+        for key in DESCRIBED:
+            setattr(self, key, described[key])
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.name))
+        cache = PairCache(settings.rerank_cache_size, settings.rerank_cache_s) if settings.rerank_cache_size else None
+        super().__init__(tokenizer, self.max_length, cache)
+
+    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+        return call(self.channel, RERANKER, "score", rows, lengths, timeout_s=self.timeout_s)
+
+    def status(self) -> dict:
+        """The process's own status, or ``reachable: false`` and why."""
+        try:
+            return {"reachable": True, **call(self.channel, RERANKER, "status", timeout_s=STATUS_TIMEOUT_S)}
+        except WorkerUnreachable as exc:
+            return {"reachable": False, "error": str(exc)}
