@@ -51,7 +51,9 @@ class CorpusGraph:
             with np.load(folder / GRAPH_FILE) as data:
                 return cls(data["neighbours"], data["similarities"], weight)
         except (OSError, KeyError, ValueError) as exc:
-            raise AdaptedStageError(f"{folder / GRAPH_FILE}: unreadable corpus graph ({exc}); run `hybrid-search adapt`")
+            raise AdaptedStageError(
+                f"{folder / GRAPH_FILE}: unreadable corpus graph ({exc}); run `hybrid-search adapt`"
+            ) from None
 
     def rerank(self, fused: Ranking, rows: Mapping[str, int]) -> Ranking:
         """``fused`` (best first) reordered; ``rows``: each live chunk's store row."""

@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 
 from engine import telemetry
 from engine.documents import Filters
-from engine.fusion.graph import CorpusGraph, load_adapted
+from engine.fusion.graph import AdaptedStageError, CorpusGraph, load_adapted
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
 from engine.rerank.batching import RerankBatcher
@@ -163,7 +163,11 @@ class HybridEngine:
     def _load_adapted(self, folder: Path) -> tuple[CorpusGraph | None, dict | None]:
         """What `build --adapt` stored, served when its held-out check paid, no learned fusion (from
         judgments) replaces it and ``adapted`` is on."""
-        graph, card = load_adapted(folder)
+        try:
+            graph, card = load_adapted(folder)
+        except AdaptedStageError as exc:
+            log.warning("%s; serving RRF", exc)
+            return None, None
         if self.fusion is not None or self.memory is not None or not self.settings.adapted:
             return None, card
         return graph, card

@@ -21,6 +21,7 @@ model trained on pseudo-queries: docs/experiments.md, "Day one without judgments
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -68,7 +69,9 @@ def adapt_index(settings: EngineSettings, build: BuildSettings, progress: bool =
     started = time.perf_counter()
     index_dir = Path(settings.index_dir)
     engine = HybridEngine(
-        settings.model_copy(update={"memory": False, "fusion": "rrf", "rerank": False, "adapted": False})
+        settings.model_copy(
+            update={"memory": False, "fusion": "rrf", "rerank": False, "adapted": False, "query_encoder_runtime": "torch"}
+        )
     )
     try:
         if engine.memory is not None or (index_dir / "fusion").is_dir():
@@ -101,7 +104,7 @@ def _adapt(engine, settings: EngineSettings, build: BuildSettings, progress: boo
         f"q{i}": relevant(q, by_document[chunks[q.unit_id].document_id]) for i, q in enumerate(queries)
     }
     ids = {id(q): f"q{i}" for i, q in enumerate(queries)}
-    view = _HeldOutView(engine, settings, units, vectors, queries, progress)
+    view = HeldOutView(engine, settings, units, vectors, queries, progress)
     try:
         neighbours, similarities = nearest(view.vectors, max(NEIGHBOURS))
         fused = view.rrf_runs(queries, progress)
@@ -169,12 +172,15 @@ def _ndcg(qrels: dict, run: dict) -> float:
 
 def _sets(queries: list[PseudoQuery]) -> dict:
     return {
-        kind: {"count": sum(q.kind == kind for q in queries), "examples": [q.text for q in queries if q.kind == kind][:3]}
+        kind: {
+            "count": sum(q.kind == kind for q in queries),
+            "examples": [q.text for q in queries if q.kind == kind][:3],
+        }
         for kind in KINDS
     }
 
 
-class _HeldOutView:
+class HeldOutView:
     """The corpus with each pseudo-query's text taken out of its chunk: a BM25 index (Lucene, in a
     temporary folder) and the vectors with those chunks encoded again."""
 
@@ -192,9 +198,11 @@ class _HeldOutView:
         self.bm25 = LuceneIndex(self.folder, settings.bm25_k1, settings.bm25_b)
         self.vectors = np.array(vectors, dtype=np.float32)
         moved = [u for u in units if u in changed]
-        bar = lambda batches: track(batches, f"encoding {len(moved)} held-out chunks", "batch", enabled=progress)  # noqa: E731
         self.vectors[[position[u] for u in moved]] = encode(
-            engine.dense.encoder, [changed[u] for u in moved], settings.encode_batch_size, bar
+            engine.dense.encoder,
+            [changed[u] for u in moved],
+            settings.encode_batch_size,
+            functools.partial(track, desc=f"encoding {len(moved)} held-out chunks", unit="batch", enabled=progress),
         )
         self.encoder = engine.dense.encoder
 
