@@ -135,3 +135,28 @@ def test_pseudo_queries_are_held_out_of_their_chunks(adapted_index):
     for q in queries:
         assert q.text not in q.held_out
     assert queries == pseudo_queries(chunks, 30)  # the same each time
+
+
+def test_adapt_refuses_an_index_with_judgments(index_dir, tmp_path, capsys):
+    from cli.main import main
+
+    copy = tmp_path / "idx"
+    shutil.copytree(index_dir, copy)
+    assert main(["adapt", "--index-dir", str(copy), "--device", "cpu"]) == 2
+    assert "learned from judgments" in capsys.readouterr().err
+    assert not (copy / "adapt").exists() and not list(copy.glob(".adapt*"))
+
+
+def test_a_chunk_added_after_the_graph_keeps_its_own_score():
+    """Rows past the graph (written live since) and rows with no live neighbours lend nothing."""
+    import numpy as np
+
+    from engine.fusion.graph import CorpusGraph
+
+    graph = CorpusGraph(np.array([[1], [0]]), np.array([[0.9], [0.9]]), weight=0.5)
+    fused = [("a", 1.0), ("new", 0.9), ("b", 0.5)]
+    ranked = dict(graph.rerank(fused, {"a": 0, "b": 1, "new": 7}))
+    assert ranked["new"] == pytest.approx(0.9)  # no neighbours: its own share, whole
+    assert ranked["a"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.5)  # lent b's score
+    assert ranked["b"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
+    assert [u for u, _ in graph.rerank(fused, {"a": 0, "b": 1, "new": 7})] == ["new", "a", "b"]
