@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         " .json that `ingest` takes. Files are split into sentence-aligned chunks (page / section kept, the"
         " document's type and stated date as metadata); a file that cannot be read is skipped, named with why,"
         " and adds nothing. Without judgments the index serves BM25 + dense fused by RRF (and a reranker if"
-        " you give one); judgments can come later: train-fusion, train-reranker.",
+        " you give one), and --adapt (fast, the default) fits a corpus graph on pseudo-queries made from the"
+        " documents, served only when it beats RRF on those it held out; judgments can come later:"
+        " train-fusion, train-reranker.",
         epilog="examples:\n  hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus\n"
         "  hybrid-search build --data ~/docs --index-dir indexes/docs --chunk-words 150\n"
         "  hybrid-search init --index-dir indexes/empty          # nothing yet: ingest or POST /documents later",
