@@ -151,7 +151,7 @@ def _adapt(engine, settings: EngineSettings, build: BuildSettings, progress: boo
         served=served,
         decision=(
             f"corpus graph served ({k} neighbours, weight {weight}): {gain:+.4f} nDCG@10 over RRF on"
-            f" {len(check)} held-out pseudo-queries (p = {test['p_value']:.3g})"
+            f" {len(check)} held-out pseudo-queries (p = {test['p_value']:.3g}; min gain {build.adapt_min_gain})"
             if served
             else f"RRF served: the corpus graph's {gain:+.4f} nDCG@10 on {len(check)} held-out pseudo-queries"
             f" is not above {build.adapt_min_gain}"
