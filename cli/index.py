@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cli.flags import WHERE, add_settings
-from engine.store.index_dir import FUSION_DIR, MANIFEST_FILE
+from engine.store.index_dir import ADAPT_DIR, FUSION_DIR, MANIFEST_FILE
 from serving.settings import Settings
 
 console = Console()
@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         " .json that `ingest` takes. Files are split into sentence-aligned chunks (page / section kept, the"
         " document's type and stated date as metadata); a file that cannot be read is skipped, named with why,"
         " and adds nothing. Without judgments the index serves BM25 + dense fused by RRF (and a reranker if"
-        " you give one); judgments can come later: train-fusion, train-reranker.",
+        " you give one), and --adapt (fast, the default) fits a corpus graph on pseudo-queries made from the"
+        " documents, served only when it beats RRF on those it held out; judgments can come later:"
+        " train-fusion, train-reranker.",
         epilog="examples:\n  hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus\n"
         "  hybrid-search build --data ~/docs --index-dir indexes/docs --chunk-words 150\n"
         "  hybrid-search init --index-dir indexes/empty          # nothing yet: ingest or POST /documents later",
@@ -92,6 +94,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=ingest)
 
     p = sub.add_parser(
+        "adapt",
+        help="learn from an index's documents without judgments (again, after ingest)",
+        description="What `build` does by default on a corpus without judgments (--adapt fast), on an index that"
+        " exists: pseudo-queries from the chunks' headings, first and inner sentences are taken out of their chunks"
+        " in a held-out copy of the corpus; a corpus graph (each chunk's nearest chunks lend it their fused"
+        " scores) is fitted on half of them and checked against RRF on the other half; it is served only when it"
+        " beats RRF there. The report and the decision go to <index-dir>/adapt/adapt.json; /health shows the"
+        " stages served. Run it after `ingest` grew the index (new chunks have no neighbours until then); an index"
+        " with live writes not yet checkpointed needs `compact` first.",
+        epilog="examples:\n  hybrid-search adapt --index-dir indexes/docs\n"
+        "  hybrid-search adapt --index-dir indexes/docs --adapt-queries 1200",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings(p, [*WHERE, "encode_batch_size", "adapt", "adapt_queries", "adapt_min_gain", "bm25_k1", "bm25_b"])
+    p.set_defaults(run=adapt)
+
+    p = sub.add_parser(
         "compact",
         help="apply and checkpoint logged writes (empties the write-ahead log)",
         description="Replay the write-ahead log into Lucene, FAISS and SQLite, commit each, and empty the log."
@@ -118,13 +137,14 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     for name, why in corpus.skipped:
         print(f"hybrid-search: skipped {name}: {why}", file=sys.stderr)
     manifest = build_index(engine, b, corpus, ray=ray)
-    fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF only"
+    fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF"
     read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
     console.print(
         f"built [bold]{engine.index_dir}[/]: {read}{manifest.documents} documents ({corpus.chunks} chunks),"
         f" encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {fusion},"
         f" {time.perf_counter() - started:.0f} s"
     )
+    _print_adaptation(Path(engine.index_dir))
     if getattr(args, "distil_from", None):  # serve --build-if-missing has no --distil-from
         from engine.settings import CPU_RERANK_MAX_LENGTH
         from index_build.train_reranker import student_options, train
@@ -139,6 +159,27 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
             f"student reranker in {engine.index_dir}/reranker: {card['layers']} layers, dev nDCG@10"
             f" {card['dev_reranked']['nDCG@10']:.4f} (fused {card['dev_fused']['nDCG@10']:.4f})"
         )
+    return 0
+
+
+def _print_adaptation(index_dir: Path) -> None:
+    from engine.fusion.graph import read_card
+    from index_build.adapt import summary
+
+    card = read_card(index_dir / ADAPT_DIR)
+    if card is not None:
+        console.print(f"adapted without judgments ({index_dir / ADAPT_DIR}):\n{summary(card)}", highlight=False)
+
+
+def adapt(settings: Settings, args: argparse.Namespace) -> int:
+    """Adapt an index in place (one built with --adapt none, or grown by ingest since its build)."""
+    from index_build.adapt import adapt_index
+
+    started = time.perf_counter()
+    adapt_index(settings.engine, settings.build)
+    console.print(f"adapted [bold]{settings.engine.index_dir}[/] in {time.perf_counter() - started:.0f} s")
+    _print_adaptation(Path(settings.engine.index_dir))
+    console.print("a server already running on it serves the new stage after a restart")
     return 0
 
 

@@ -74,8 +74,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     runs = stage_runs(engine, queries)
     report = {stage: evaluate_run(qrels, run) for stage, run in runs.items()}
     pairs = [(stage, stage.removesuffix("+rerank")) for stage in runs if stage.endswith("+rerank")]
-    if "learned" in runs:
-        pairs.append(("learned", "rrf"))
+    pairs += [(stage, "rrf") for stage in ("learned", "adapted") if stage in runs]
     gains = {f"{a} vs {b}": paired_test(qrels, runs[a], runs[b]) for a, b in pairs}
     out = args.output or reports / f"eval-{args.split}"
     out.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,11 @@ class EngineSettings(BaseModel):
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote in the judgment memory")
     memory_depth: int = Field(100, ge=1, description="judgment-memory candidates to fuse")
     memory_weight: float = Field(1.5, ge=0, description="judgment-memory weight in RRF (tuned on dev)")
+    adapted: bool = Field(
+        True,
+        description="serve what `build --adapt` learned from the documents when its held-out check paid (an index"
+        " without judgments; --no-adapted: plain RRF)",
+    )
     fusion: Literal["auto", "learned", "rrf"] = Field(
         "auto",
         description="auto = the index's learned fusion when it has one (`build` trains it from train judgments),"

@@ -34,6 +34,7 @@ from engine.store.index_dir import (
 )
 from engine.store.tokens import TextTokenizer, TextTokens
 from engine.text import chunk_text
+from index_build.adapt import FULL_MISSING, AdaptError, adapt_index
 from index_build.corpus import Corpus, open_corpus
 from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
@@ -57,10 +58,14 @@ def build_index(
     ``ray``: encode the corpus across the Ray cluster at this address ("local": start one); the
     index is the same.
 
-    With training judgments, the learned fusion is trained on the new index before the swap. A
-    reranker trained into an earlier index of the same corpus is carried over.
+    With training judgments, the learned fusion is trained on the new index before the swap; without
+    them, ``build.adapt`` learns from the documents (:mod:`index_build.adapt`) before the swap, so an
+    interrupted build never serves a half-adapted index. A reranker trained into an earlier index of
+    the same corpus is carried over.
     """
     started = time.perf_counter()
+    if build.adapt == "full":
+        raise AdaptError(FULL_MISSING)
     if corpus is None:
         corpus = open_corpus(build.data_dir, build.chunk_words, build.chunk_overlap_words, progress)
     if corpus.files and not corpus.documents:
@@ -120,8 +125,11 @@ def build_index(
         )
         _keep_reranker(target, tmp, manifest.fingerprint)
         manifest.write(tmp)
-        if dataset is not None and settings.fusion != "rrf" and training_split(manifest, dataset):
+        judged = dataset is not None and training_split(manifest, dataset) is not None
+        if judged and settings.fusion != "rrf":
             train_fusion(settings.model_copy(update={"index_dir": tmp}), dataset, progress=progress)
+        elif not judged and build.adapt != "none" and texts:
+            adapt_index(settings.model_copy(update={"index_dir": tmp}), build, progress=progress)
         _swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

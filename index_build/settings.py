@@ -33,3 +33,15 @@ class BuildSettings(BaseModel):
     )
     chunk_words: int = Field(200, ge=16, le=4000, description="words a chunk holds when a file is split")
     chunk_overlap_words: int = Field(40, ge=0, description="words two neighbouring chunks share (whole sentences)")
+    adapt: Literal["none", "fast", "full"] = Field(
+        "fast",
+        description="without training judgments, learn from the documents: fast = a corpus graph fitted and checked on"
+        " pseudo-queries held out of the corpus, served only when it beats RRF there; none = plain RRF; full is not"
+        " implemented (docs/own-documents.md)",
+    )
+    adapt_queries: int = Field(
+        600, ge=30, description="pseudo-queries --adapt makes (a third each: headings, first and inner sentences)"
+    )
+    adapt_min_gain: float = Field(
+        0.0, description="held-out pseudo-query nDCG@10 the adapted stage must beat RRF by to be served"
+    )

@@ -111,11 +111,11 @@ def stage_runs(
     queries: Mapping[str, str],
     depth: int = 100,
     progress: bool = True,
-    reranked: Sequence[str] = ("bm25", "dense", "rrf", "learned"),
+    reranked: Sequence[str] = ("bm25", "dense", "rrf", "learned", "adapted"),
     options: SearchOptions = AS_LOADED,
 ) -> dict[str, Run]:
     """Each stage's ranking of every query: BM25, dense, judgment memory, RRF and, when the engine
-    has one, the learned fusion; with a reranker, the ``reranked`` stages again with their heads
+    has one, the learned fusion or the adapted stage (``adapted``: RRF over the corpus graph); with a reranker, the ``reranked`` stages again with their heads
     reranked (``<stage>+rerank``). :func:`served_stage` names the fusion the engine serves.
     ``options``: another reranker or fusion to score with (a checkpoint being chosen).
 
@@ -129,6 +129,8 @@ def stage_runs(
         rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.rrf}
         if result.fusion is not None:
             rankings["learned"] = result.fused
+        elif engine.adapted is not None:
+            rankings["adapted"] = result.fused
         if engine.memory is None:
             del rankings["memory"]
         for stage, ranking in rankings.items():
@@ -136,7 +138,7 @@ def stage_runs(
             runs.setdefault(stage, {})[qid] = ids
             if result.reranked is None or stage not in reranked:
                 continue
-            served = stage == ("learned" if result.fusion is not None else "rrf")
+            served = stage == served_stage(engine)
             head = (
                 result.reranked
                 if served
@@ -147,8 +149,10 @@ def stage_runs(
 
 
 def served_stage(engine) -> str:
-    """The stage name of the fusion ``engine`` serves: ``learned`` or ``rrf``."""
-    return "learned" if engine.fusion is not None else "rrf"
+    """The stage name of the fusion ``engine`` serves: ``learned``, ``adapted`` or ``rrf``."""
+    if engine.fusion is not None:
+        return "learned"
+    return "adapted" if engine.adapted is not None else "rrf"
 
 
 def continue_with_fused(head: list[str], fused: list[str], depth: int = 100) -> list[str]:

@@ -203,6 +203,13 @@ class DenseRetriever:
 
         return faiss.vector_to_array(self._index.id_map)
 
+    def vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every stored vector and its row, in the index's order (what a corpus graph is made of)."""
+        import faiss
+
+        base = faiss.downcast_index(self._index.index)
+        return self.row_ids(), base.reconstruct_n(0, base.ntotal)
+
     def remove(self, rows: list[int]) -> None:
         import faiss
 

@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from engine import telemetry
 from engine.documents import Filters
+from engine.fusion.graph import AdaptedStageError, CorpusGraph, load_adapted
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
 from engine.rerank.batching import RerankBatcher
@@ -32,6 +33,7 @@ from engine.search.results import AS_LOADED, Hit, Ranking, SearchOptions, StageR
 from engine.settings import EngineSettings
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
+    ADAPT_DIR,
     BM25_DIR,
     DOCS_FILE,
     FUSION_DIR,
@@ -98,6 +100,7 @@ class HybridEngine:
             self.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
+        self.adapted, self.adapt_card = self._load_adapted(index_dir / ADAPT_DIR)
         self._pair_inputs: dict[tuple[str, bool], PairInputs] = {}
         self._pair_inputs_lock = threading.Lock()
         self.reranker = self._load_reranker(reranker)
@@ -158,6 +161,18 @@ class HybridEngine:
                 raise
             log.warning("%s; serving RRF", exc)
             return None
+
+    def _load_adapted(self, folder: Path) -> tuple[CorpusGraph | None, dict | None]:
+        """What `build --adapt` stored, served when its held-out check paid, no learned fusion (from
+        judgments) replaces it and ``adapted`` is on."""
+        try:
+            graph, card = load_adapted(folder)
+        except AdaptedStageError as exc:
+            log.warning("%s; serving RRF", exc)
+            return None, None
+        if self.fusion is not None or self.memory is not None or not self.settings.adapted:
+            return None, card
+        return graph, card
 
     def _load_reranker(self, given: Scorer | None) -> Scorer | None:
         reranker = given if given is not None else open_reranker(self.settings, self.device)
@@ -280,9 +295,19 @@ class HybridEngine:
         report."""
         r, s = self.reranker, self.settings
         calibrated = self.fusion is not None and self.fusion.calibration is not None
+        graph, card = self.adapted, self.adapt_card
         return {
-            "stages": ["bm25", "dense"] + ["memory"] * (self.memory is not None) + ["fusion"] + ["rerank"] * bool(r),
-            "fusion": f"learned ({self.fusion.describe()})" if self.fusion else "rrf",
+            "stages": ["bm25", "dense"]
+            + ["memory"] * (self.memory is not None)
+            + ["fusion"]
+            + ["corpus_graph"] * (graph is not None)
+            + ["rerank"] * bool(r),
+            "fusion": f"learned ({self.fusion.describe()})"
+            if self.fusion
+            else f"rrf + corpus graph ({graph.k} neighbours, weight {graph.weight})"
+            if graph
+            else "rrf",
+            "adapted": None if card is None else {k: card.get(k) for k in ("mode", "served", "decision", "heldout")},
             "similarity_score": "calibrated probability of relevance"
             if calibrated
             else "query-chunk cosine in 0-1, falling down the list; not a probability (no training judgments)",

@@ -61,7 +61,12 @@ def run_stages(
         weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
         rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
         found = {"bm25": bm25, "dense": dense, "memory": memory}
-        fused = fusion.rank(query, found, rrf) if fusion is not None else rrf
+        if fusion is not None:
+            fused = fusion.rank(query, found, rrf)
+        elif engine.adapted is not None:
+            fused = engine.adapted.rerank(rrf, engine.dense.rows)
+        else:
+            fused = rrf
         depth = max(rerank_depth, top_k)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
         if engine.follower is not None:  # the shared store may have dropped what this view still holds

@@ -2,7 +2,8 @@
 
 An index directory holds ``bm25/`` (Lucene), ``dense.faiss`` (ids are document-store rows),
 ``docs.sqlite`` (the document store, with each chunk's token ids since format 3), ``manifest.json``
-and optionally ``memory/`` (the judgment memory), ``fusion/`` (the learned fusion), ``reranker/``,
+and optionally ``memory/`` (the judgment memory), ``fusion/`` (the learned fusion), ``adapt/`` (what a build without judgments learned from the
+documents: its card, report and corpus graph), ``reranker/``,
 ``tokens/`` (token ids for a reranker whose tokenizer is not the one the store's are for) and,
 once documents were written to it live, ``wal.log`` (the write-ahead log) with
 ``dense-<seq>.faiss`` checkpoints. The manifest is
@@ -25,6 +26,7 @@ MANIFEST_FILE = "manifest.json"
 RERANKER_DIR = "reranker"
 MEMORY_DIR = "memory"
 FUSION_DIR = "fusion"
+ADAPT_DIR = "adapt"  # what `build --adapt` learned from the documents (engine/fusion/graph.py)
 TOKENS_DIR = "tokens"
 REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside the index they measured
 WAL_FILE = "wal.log"

@@ -1,0 +1,162 @@
+"""Day one without judgments: `build --adapt` on a folder of files, the held-out check, the stage
+served, and the supervised path untouched. Real Lucene, FAISS and MiniLM on a corpus the test writes."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
+
+WORDS = (
+    "soil river glacier copper lantern violin orchard harbor falcon meadow quartz cedar ember tundra canyon"
+    " saffron plankton basalt mosaic compass beacon lichen walrus juniper cobalt prairie nectar granite"
+    " monsoon reef pollen delta marble thistle ferment magnet pulley spindle barley oyster comet sundial"
+).split()
+
+
+def _write_folder(root: Path, files: int = 24) -> Path:
+    """Markdown files of three sections each: a heading, then sentences drawn from the section's own
+    few words (so a heading's section shares words with it, as real ones do)."""
+    rng = random.Random(7)
+    root.mkdir(parents=True)
+    for f in range(files):
+        parts = []
+        for s in range(3):
+            topic = rng.sample(WORDS, 5)
+            sentences = [
+                " ".join(rng.choice(topic + rng.sample(WORDS, 3)) for _ in range(rng.randint(8, 14))).capitalize() + "."
+                for _ in range(5)
+            ]
+            parts.append(f"## {' '.join(topic[:3]).title()} notes {f}-{s}\n\n" + " ".join(sentences))
+        (root / f"file{f:02d}.md").write_text(f"# Notebook {f}\n\n" + "\n\n".join(parts) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def adapted_index(tmp_path_factory) -> Path:
+    """A folder built with the adaptation on, told to serve it whatever the check says (min gain -1),
+    so that the engine's side is tested on every run."""
+    from index_build.builder import build_index
+
+    root = tmp_path_factory.mktemp("adapt")
+    folder = _write_folder(root / "files")
+    target = root / "idx"
+    build = BuildSettings(data_dir=folder, adapt_queries=60, adapt_min_gain=-1.0, chunk_words=60)
+    build_index(EngineSettings(index_dir=target, device="cpu"), build, progress=False)
+    return target
+
+
+def test_build_adapts_and_reports(adapted_index):
+    card = json.loads((adapted_index / "adapt" / "adapt.json").read_text())
+    sets = card["pseudo_queries"]
+    assert set(sets) == {"heading", "lead", "inner"} and all(sets[k]["count"] > 0 for k in sets)
+    assert all(not example.endswith(".md") for example in sets["heading"]["examples"])  # no file names
+    held = card["heldout"]
+    assert held["queries"] >= 20 and 0 <= held["rrf"] <= 1 and 0 <= held["adapted"] <= 1
+    assert held["gain"] == pytest.approx(held["adapted"] - held["rrf"], abs=2e-4)
+    assert set(card["fit"]["nDCG@10"]) >= {"rrf", "graph k=5 weight=0.1"}
+    assert card["served"] and card["decision"].startswith("corpus graph served")
+    assert (adapted_index / "adapt" / "graph.npz").is_file()
+    assert not list(adapted_index.glob(".adapt*"))  # nothing left aside
+
+
+def test_engine_serves_the_adapted_stage(adapted_index):
+    from engine.search import HybridEngine
+
+    engine = HybridEngine(EngineSettings(index_dir=adapted_index, device="cpu", rerank=False))
+    described = engine.describe()
+    assert "corpus_graph" in described["stages"] and described["fusion"].startswith("rrf + corpus graph")
+    assert described["adapted"]["served"] is True
+    for query in ("copper lantern notes", "glacier river soil"):
+        result = engine.stages(query, top_k=5)
+        assert result.fused == engine.adapted.rerank(result.rrf, engine.dense.rows)
+        assert sorted(d for d, _ in result.fused) == sorted(d for d, _ in result.rrf)  # reordered, nothing added
+    engine.close()
+    plain = HybridEngine(EngineSettings(index_dir=adapted_index, device="cpu", rerank=False, adapted=False))
+    assert "corpus_graph" not in plain.describe()["stages"]
+    result = plain.stages("copper lantern notes", top_k=5)
+    assert result.fused == result.rrf
+    plain.close()
+
+
+def test_a_stage_that_does_not_pay_leaves_rrf(adapted_index, tmp_path):
+    """The `adapt` command on an existing index; a gain it cannot reach (min gain 1) serves RRF."""
+    from cli.main import main
+    from engine.search import HybridEngine
+
+    copy = tmp_path / "idx"
+    shutil.copytree(adapted_index, copy)
+    assert main(["adapt", "--index-dir", str(copy), "--device", "cpu", "--adapt-queries", "60",
+                 "--adapt-min-gain", "1"]) == 0  # fmt: skip
+    card = json.loads((copy / "adapt" / "adapt.json").read_text())
+    assert card["served"] is False and card["decision"].startswith("RRF served")
+    assert not (copy / "adapt" / "graph.npz").exists()
+    engine = HybridEngine(EngineSettings(index_dir=copy, device="cpu", rerank=False))
+    assert engine.adapted is None and "corpus_graph" not in engine.describe()["stages"]
+    assert engine.describe()["adapted"]["served"] is False
+    result = engine.stages("copper lantern notes", top_k=5)
+    assert result.fused == result.rrf
+    engine.close()
+
+
+def test_full_is_refused_with_a_reason(tmp_path, capsys):
+    from cli.main import main
+
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "a.md").write_text("# A\n\nSome text here.\n")
+    assert main(["build", "--data", str(folder), "--index-dir", str(tmp_path / "idx"), "--adapt", "full"]) == 2
+    err = capsys.readouterr().err
+    assert "--adapt full" in err and "not implemented" in err
+    assert not (tmp_path / "idx").exists()
+
+
+def test_supervised_builds_do_not_adapt(index_dir):
+    """A dataset with training judgments gets its learned fusion, never an adaptation."""
+    assert (index_dir / "fusion").is_dir() and not (index_dir / "adapt").exists()
+
+
+def test_pseudo_queries_are_held_out_of_their_chunks(adapted_index):
+    from engine.store.docstore import DocStore
+    from index_build.adapt.pseudo import pseudo_queries
+
+    store = DocStore(adapted_index / "docs.sqlite")
+    chunks = list(store.chunks(store.unit_ids_by_row().values()).values())
+    store.close()
+    queries = pseudo_queries(chunks, 30)
+    assert {q.kind for q in queries} == {"heading", "lead", "inner"}
+    assert len({q.unit_id for q in queries}) == len(queries)  # one query a chunk
+    for q in queries:
+        assert q.text not in q.held_out
+    assert queries == pseudo_queries(chunks, 30)  # the same each time
+
+
+def test_adapt_refuses_an_index_with_judgments(index_dir, tmp_path, capsys):
+    from cli.main import main
+
+    copy = tmp_path / "idx"
+    shutil.copytree(index_dir, copy)
+    assert main(["adapt", "--index-dir", str(copy), "--device", "cpu"]) == 2
+    assert "learned from judgments" in capsys.readouterr().err
+    assert not (copy / "adapt").exists() and not list(copy.glob(".adapt*"))
+
+
+def test_a_chunk_added_after_the_graph_keeps_its_own_score():
+    """Rows past the graph (written live since) and rows with no live neighbours lend nothing."""
+    import numpy as np
+
+    from engine.fusion.graph import CorpusGraph
+
+    graph = CorpusGraph(np.array([[1], [0]]), np.array([[0.9], [0.9]]), weight=0.5)
+    fused = [("a", 1.0), ("new", 0.9), ("b", 0.5)]
+    ranked = dict(graph.rerank(fused, {"a": 0, "b": 1, "new": 7}))
+    assert ranked["new"] == pytest.approx(0.9)  # no neighbours: its own share, whole
+    assert ranked["a"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.5)  # lent b's score
+    assert ranked["b"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
+    assert [u for u, _ in graph.rerank(fused, {"a": 0, "b": 1, "new": 7})] == ["new", "a", "b"]
