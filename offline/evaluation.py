@@ -115,8 +115,9 @@ def stage_runs(
     options: SearchOptions = AS_LOADED,
 ) -> dict[str, Run]:
     """Each stage's ranking of every query: BM25, dense, judgment memory, RRF and, when the engine
-    has one, the learned fusion or the adapted stage (``adapted``: RRF over the corpus graph); with a reranker, the ``reranked`` stages again with their heads
-    reranked (``<stage>+rerank``). :func:`served_stage` names the fusion the engine serves.
+    has one, the learned fusion or the adapted stage (``adapted``: RRF over the corpus graph); with a
+    reranker, the ``reranked`` stages again with their heads reranked (``<stage>+rerank``).
+    :func:`served_stage` names the fusion the engine serves.
     ``options``: another reranker or fusion to score with (a checkpoint being chosen).
 
     A reranked run continues past its head with the stage's own order, so Recall@100 compares like

@@ -75,7 +75,8 @@ class CorpusGraph:
                 continue
             sims = self.similarities[row]
             total = float(sims.sum())
-            lent = sum(float(s) * by_row.get(int(n), 0.0) for n, s in zip(self.neighbours[row], sims)) / (total or 1.0)
+            pairs = zip(self.neighbours[row], sims, strict=True)
+            lent = sum(float(s) * by_row.get(int(n), 0.0) for n, s in pairs) / (total or 1.0)
             smoothed.append((1.0 - self.weight) * own + self.weight * lent)
         order = sorted(range(len(fused)), key=lambda i: (-smoothed[i], i))
         return [(fused[i][0], smoothed[i]) for i in order]

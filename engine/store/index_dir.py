@@ -2,9 +2,9 @@
 
 An index directory holds ``bm25/`` (Lucene), ``dense.faiss`` (ids are document-store rows),
 ``docs.sqlite`` (the document store, with each chunk's token ids since format 3), ``manifest.json``
-and optionally ``memory/`` (the judgment memory), ``fusion/`` (the learned fusion), ``adapt/`` (what a build without judgments learned from the
-documents: its card, report and corpus graph), ``reranker/``,
-``tokens/`` (token ids for a reranker whose tokenizer is not the one the store's are for) and,
+and optionally ``memory/`` (the judgment memory), ``fusion/`` (the learned fusion), ``adapt/`` (what
+a build without judgments learned from the documents: its card, report and corpus graph),
+``reranker/``, ``tokens/`` (token ids for a reranker whose tokenizer is not the one the store's are for) and,
 once documents were written to it live, ``wal.log`` (the write-ahead log) with
 ``dense-<seq>.faiss`` checkpoints. The manifest is
 written last, inside a temporary folder that is renamed into place, so a directory with a manifest

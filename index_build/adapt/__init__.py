@@ -281,4 +281,3 @@ def summary(card: dict) -> str:
         )
     lines.append(card["decision"])
     return "\n".join(lines)
-
