@@ -1,6 +1,8 @@
 """``serve --workers 2``: two processes on one port and one index, one writing and one following.
-Real servers started through the CLI; a new connection may reach either worker, and ``/health``
-says which one answered (so a request sent on that connection next reaches the same worker)."""
+Real servers started through the CLI, driven over REST, MCP and A2A with the official clients; a
+new connection may reach either worker, and ``/health`` says which one answered (so a request sent
+on that connection next reaches the same worker). The writer killed under load, with writes through
+every door: tests/test_faults.py (the fault benchmark's scenario, run small)."""
 
 from __future__ import annotations
 
