@@ -20,6 +20,7 @@ import random
 import resource
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -731,10 +732,61 @@ def workers_killed_under_load(
     }
 
 
+def kill_window(index_dir: Path, work_dir: Path, trials: int = 16, connections: int = 40) -> dict:
+    """Why a new connection may be reset right after a worker is killed, and when that stops:
+    ``trials`` times, kill -9 a worker of ``serve --workers 2 --read-only`` and wait until its leader
+    thread is a zombie (every other trial: until every thread is gone, as :func:`sigkill` does), then
+    open ``connections`` connections at once, each asking ``/health``; count those not answered."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = serve_args(index_dir, port, "--workers", "2", "--read-only", "--no-rerank")
+    proc = start_server(args, f"{url}/health", work_dir / "kill-window.log")
+    failed: dict[str, list[int]] = {"leader a zombie": [], "every thread gone": []}
+    try:
+        for trial in range(trials):
+            wait = list(failed)[trial % 2]
+            sigkill(min(_pids(url, 2)), every_thread=wait == "every thread gone")
+            failed[wait].append(sum(not _health_answered(port) for _ in range(connections)))
+    finally:
+        exit_code = stop_server(proc)
+    return {
+        "connections_per_kill": connections,
+        **{
+            wait: {"kills": len(counts), "kills_with_a_failure": sum(n > 0 for n in counts), "failed": sum(counts)}
+            for wait, counts in failed.items()
+        },
+        "exit_code": exit_code,
+    }
+
+
+def _pids(url: str, count: int, seconds: float = 180) -> set[int]:
+    """The pids of ``count`` workers, once each has answered ``/health`` over a new connection."""
+    found: set[int] = set()
+    deadline = time.time() + seconds
+    while len(found) < count:
+        if time.time() > deadline:
+            raise RuntimeError(f"{count - len(found)} of {count} workers did not answer within {seconds:g} s")
+        try:
+            found.add(httpx.get(f"{url}/health", timeout=10).json()["worker"]["pid"])
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return found
+
+
+def _health_answered(port: int) -> bool:
+    """``GET /health`` on a new connection, in raw bytes (a few hundred microseconds): answered 200?"""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            return conn.recv(12).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------- all of it
 
 
-FAULTS = ("corruptions", "reranker_failure", "sigterm", "disk_full", "kill_9", "workers")
+FAULTS = ("corruptions", "reranker_failure", "sigterm", "disk_full", "kill_9", "workers", "kill_window")
 
 
 def run_faults(
@@ -767,6 +819,8 @@ def run_faults(
         figures["kill_9"] = sigkill_rounds(index_dir, work_dir, rounds)
     if "workers" in faults:
         figures["workers"] = workers_killed_under_load(index_dir, work_dir)
+    if "kill_window" in faults:
+        figures["kill_window"] = kill_window(index_dir, work_dir)
     if set(faults) == set(FAULTS):  # a part run alone keeps the whole run's time in the file
         figures["seconds"] = round(time.perf_counter() - started, 1)
     return figures

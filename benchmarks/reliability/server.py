@@ -115,17 +115,18 @@ def workers_up(url: str, seconds: float = 90, roles: tuple[str, ...] = ("writer"
     return pids
 
 
-def sigkill(pid: int, seconds: float = 30) -> float:
+def sigkill(pid: int, seconds: float = 30, every_thread: bool = True) -> float:
     """SIGKILL ``pid`` and wait until it has let go of its sockets; the seconds that took.
+    (``every_thread=False``: only until its leader is a zombie, too early, for
+    :func:`benchmarks.reliability.faults.kill_window` to show what that costs.)
 
     Gone means every thread gone: the process reaped, or only its zombie leader left. The leader
     turning zombie is not enough: a process's threads die one by one, and the last one unmaps the
     memory before it closes the files, so a worker's listening socket stays in its port's
     ``SO_REUSEPORT`` group for a while after its leader is a zombie; a new connection the kernel
-    hands to that socket meanwhile is completed and then reset when the socket closes. (Measured on
-    a forked process of 800 MB and 31 threads: in 14 of 15 kills one new connection made after its
-    leader was a zombie was reset, none once every thread was gone; with ``net.ipv4.tcp_migrate_req=1``
-    none of 5, the kernel moving a closing socket's connections to a sibling.)"""
+    hands to that socket meanwhile is completed and then reset when the socket closes (measured:
+    ``reliability-faults.json["kill_window"]``; with ``net.ipv4.tcp_migrate_req=1`` the kernel moves
+    a closing socket's connections to a sibling instead)."""
     started = time.perf_counter()
     os.kill(pid, signal.SIGKILL)
     deadline = time.time() + seconds
@@ -135,7 +136,7 @@ def sigkill(pid: int, seconds: float = 30) -> float:
                 fields = dict(line.split(":", 1) for line in status if ":" in line)
         except (FileNotFoundError, ProcessLookupError):
             return time.perf_counter() - started
-        if fields["State"].split()[0] == "Z" and int(fields["Threads"]) <= 1:
+        if fields["State"].split()[0] == "Z" and (int(fields["Threads"]) <= 1 or not every_thread):
             return time.perf_counter() - started
         time.sleep(0.01)
     raise RuntimeError(f"pid {pid} still has threads {seconds:g} s after SIGKILL")
