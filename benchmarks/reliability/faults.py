@@ -577,7 +577,7 @@ class _DoorWriter:
                     kind = self._delete(door, victim)
                 else:
                     kind = self._add(door, document(doc_id, f"{word} chunk"))
-            except (httpx.HTTPError, OSError) as exc:
+            except Exception as exc:  # whatever a client meets (the MCP client's own errors too), by name
                 kind = type(exc).__name__
             self.outcomes.append((time.perf_counter(), door, kind))
             if victim is not None:
