@@ -99,3 +99,20 @@ def test_sigterm_answers_searches_in_flight_and_refuses_new_ones(index_dir, tmp_
     assert figures["exit_code"] == 0 and not figures["traceback"], figures
     assert figures["in_flight"] > 0 and figures["ok"] == figures["in_flight"], figures  # every one answered 200
     assert figures["refused_after"] > 0 and figures["refused_until_exit"], figures
+
+
+def test_a_writer_killed_under_load_loses_no_write_and_the_other_worker_answers(index_dir, tmp_path):
+    """``serve --workers 2``: the writer killed while searches and writes through every door arrive
+    (the follower's kill: tests/test_workers.py)."""
+    figures = faults.workers_killed_under_load(index_dir, tmp_path, readers=2, settle_s=2, roles=("writer",))
+    assert figures["exit_code"] == 0 and not figures["traceback"] and figures["health_after"] == "ok", figures
+    assert figures["acknowledged"] > 0 and figures["acknowledged_deletes"] > 0, figures
+    assert figures["lost"] == figures["half_applied"] == figures["resurrected"] == 0, figures
+    phases = {phase["phase"]: phase for phase in figures["phases"]}
+    assert set(phases["writer down"]["searches"]["other worker"]) == {"ok"}, phases  # reads went on
+    for name in ("before", "after the writer is back"):
+        assert {kind for kinds in phases[name]["searches"].values() for kind in kinds} == {"ok"}, phases[name]
+    for door in faults.WRITE_DOORS:  # refused while the writer was down (503 + Retry-After), acknowledged after
+        assert phases["writer down"]["writes"][door].get("refused"), (door, phases["writer down"])
+        assert phases["after the writer is back"]["writes"][door].get("acked"), (door, phases)
+    assert figures["kills"]["writer"]["first_write_acknowledged_s"] >= figures["kills"]["writer"]["sockets_closed_s"]

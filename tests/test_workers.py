@@ -1,13 +1,15 @@
 """``serve --workers 2``: two processes on one port and one index, one writing and one following.
-Real servers started through the CLI; a new connection may reach either worker, and ``/health``
-says which one answered (so a request sent on that connection next reaches the same worker)."""
+Real servers started through the CLI, driven over REST, MCP and A2A with the official clients; a
+new connection may reach either worker, and ``/health`` says which one answered (so a request sent
+on that connection next reaches the same worker). The writer killed under load, with writes through
+every door: tests/test_faults.py (the fault benchmark's scenario, run small)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -16,84 +18,42 @@ import time
 import httpx
 import pytest
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from benchmarks.reliability.server import (
+    CLI,
+    ROOT,
+    free_port,
+    serve_args,
+    sigkill,
+    start_server,
+    stop_server,
+    wait_until_up,
+    worker_client,
+    workers_up,
+)
 from engine.errors import ServiceError
 from engine.live.writer import DocumentNotFound
 from serving.admission import Overloaded
 from serving.worker_channel import Channel, ChannelServer, WorkerFailed, WorkerUnreachable, WriterClient, call
 from serving.workers import bind
+from tests.helpers import a2a_v1_send, only_doc_ids
 
 
 @pytest.fixture(scope="module")
 def workers(index_dir, tmp_path_factory):
-    """Two workers serving a copy of the tiny index (the writer writes into it)."""
+    """Two workers serving a copy of the tiny index (the writer writes into it), every door on: REST
+    and MCP (with its write tools) on one port, A2A on another."""
     folder = tmp_path_factory.mktemp("workers")
     index = folder / "index"
     shutil.copytree(index_dir, index)
-    port = free_port()
+    port, a2a_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(
-        serve_args(index, port, "--workers", "2", "--query-timeout", "20"), f"{url}/health", folder / "log"
-    )
-    _both_up(url)
-    yield {"url": url, "proc": proc, "log": folder / "log"}
+    args = serve_args(index, port, "--workers", "2", "--query-timeout", "20", "--mcp-writes", a2a_port=a2a_port)
+    proc = start_server(args, f"{url}/health", folder / "log")
+    wait_until_up(f"http://127.0.0.1:{a2a_port}/")
+    workers_up(url)
+    yield {"url": url, "a2a": f"http://127.0.0.1:{a2a_port}", "proc": proc, "log": folder / "log"}
     assert stop_server(proc) == 0, "SIGTERM must stop every worker cleanly"
     assert "Traceback" not in (folder / "log").read_text()
-
-
-def _connect(url: str, role: str, seconds: float = 60) -> tuple[httpx.Client, dict]:
-    """A client whose kept-alive connection reaches the worker of ``role``, and that worker's health."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        client = httpx.Client(base_url=url, timeout=20)
-        try:
-            health = client.get("/health").json()
-            if health["worker"]["role"] == role:
-                return client, health
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        client.close()
-    raise AssertionError(f"no {role} answered within {seconds:g} s")
-
-
-def _both_up(url: str, seconds: float = 90) -> dict[str, int]:
-    """The pid of each role, once both answer over new connections."""
-    pids = {}
-    for role in ("writer", "follower"):
-        client, health = _connect(url, role, seconds)
-        client.close()
-        pids[role] = health["worker"]["pid"]
-    return pids
-
-
-def _once_more_if_reset(url: str, method: str, path: str, body: dict) -> httpx.Response:
-    """A request on a new connection, sent again on another if the first is reset, as HTTP clients
-    retry an idempotent request (a search; a write by document id replaces): a connection made in the
-    moment after a worker is killed was seen reset on a loaded machine."""
-
-    def send() -> httpx.Response:
-        with httpx.Client(base_url=url, timeout=20) as client:
-            return client.request(method, path, json=body)
-
-    try:
-        return send()
-    except httpx.ReadError:
-        return send()
-
-
-def _killed(pid: int) -> None:
-    """SIGKILL, and wait until the process has exited (its sockets closed), reaped or not."""
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().split(")")[-1].split()[0] == "Z":
-                    return
-        except FileNotFoundError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"pid {pid} outlived SIGKILL")
 
 
 def _doc(document_id: str, words: str) -> dict:
@@ -119,8 +79,8 @@ def test_both_workers_answer_and_a_write_through_either_is_visible_on_both(worke
         answered[health["worker"]["pid"]] = health["worker"]["role"]
     assert sorted(answered.values()) == ["follower", "writer"], answered
     assert health["workers"] == 2 and health["worker"]["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
-    follower, _ = _connect(url, "follower")
-    writer, _ = _connect(url, "writer")
+    follower, _ = worker_client(url, "follower")
+    writer, _ = worker_client(url, "writer")
     assert follower.get("/health").json()["live"]["reachable"] is True  # the writer's status, through the channel
 
     # REST through the follower: the writer logs it, and after wait_for both workers find it
@@ -158,57 +118,114 @@ def test_both_workers_answer_and_a_write_through_either_is_visible_on_both(worke
     writer.close()
 
 
-def test_mcp_is_stateless_across_workers(workers):
-    """The official client's session: its requests may land on either worker."""
+def test_mcp_and_a2a_answer_from_both_workers_and_mcp_writes_reach_both(workers):
+    """MCP (the official client, stateless: a session's requests may land on either worker) searches,
+    adds and deletes; each change is then seen by both workers' REST and by A2A (the official
+    client) over new connections, which the port spreads over both workers."""
+    from a2a.helpers.proto_helpers import new_data_part
     from mcp import Client
 
-    async def run():
-        for _ in range(3):
-            async with Client(workers["url"] + "/mcp") as client:
-                found = await client.call_tool("search_nfcorpus", {"query": "soy isoflavones", "top_k": 3})
-                assert not found.is_error and found.structured_content["results"][0]["doc_id"].startswith("D-soy")
+    url = workers["url"]
+    follower, _ = worker_client(url, "follower")
+    writer, _ = worker_client(url, "writer")
 
-    asyncio.run(run())
+    async def mcp(tool: str, arguments: dict):
+        async with Client(url + "/mcp") as client:
+            return await client.call_tool(tool, arguments)
+
+    def a2a_top(query: str) -> list[str]:
+        return only_doc_ids(a2a_v1_send(workers["a2a"], [new_data_part({"query": query, "top_k": 3})]))
+
+    for _ in range(3):
+        found = asyncio.run(mcp("search_nfcorpus", {"query": "soy isoflavones", "top_k": 3}))
+        assert not found.is_error and found.structured_content["results"][0]["doc_id"].startswith("D-soy")
+    assert a2a_top("soy isoflavones")[0].startswith("D-soy")
+
+    added = asyncio.run(mcp("add_document", _doc("pangolin-1", "pangolin scales keratin anteater")))
+    assert not added.is_error, added  # acknowledged once searchable on every worker (the tool waits)
+    assert _top(follower, "pangolin keratin")[0] == "pangolin-1" and _top(writer, "pangolin keratin")[0] == "pangolin-1"
+    for _ in range(12):  # twelve new connections each: both workers answer some (all on one: p = 2^-11)
+        assert a2a_top("pangolin keratin")[0] == "pangolin-1#p1"  # A2A answers NFCorpus' ids: a chunk's
+        found = asyncio.run(mcp("search", {"query": "pangolin keratin", "top_k": 3}))
+        assert found.structured_content["results"][0]["document_id"] == "pangolin-1", found
+
+    deleted = asyncio.run(mcp("delete_document", {"document_id": "pangolin-1"}))
+    assert not deleted.is_error, deleted
+    assert "pangolin-1" not in _top(follower, "pangolin keratin") + _top(writer, "pangolin keratin")
+    for _ in range(6):
+        assert "pangolin-1#p1" not in a2a_top("pangolin keratin")
+    gone = asyncio.run(mcp("delete_document", {"document_id": "pangolin-1"}))
+    assert gone.is_error and "no document 'pangolin-1'" in str(gone.content)  # the writer's 404, via the channel
+    follower.close()
+    writer.close()
 
 
 @pytest.mark.slow
 def test_a_killed_follower_leaves_the_other_answering_and_comes_back(workers):
     url = workers["url"]
-    pids = _both_up(url)
-    _killed(pids["follower"])
+    pids = workers_up(url)
+    sigkill(pids["follower"])
     for _ in range(20):  # each on a new connection: only live workers' sockets take them
-        assert _once_more_if_reset(url, "POST", "/search", {"query": "coffee liver", "top_k": 3}).status_code == 200
-    assert _both_up(url)["follower"] != pids["follower"]  # the supervisor started another
+        assert httpx.post(f"{url}/search", json={"query": "coffee liver", "top_k": 3}, timeout=20).status_code == 200
+    assert workers_up(url)["follower"] != pids["follower"]  # the supervisor started another
 
 
 @pytest.mark.slow
-def test_a_killed_writer_refuses_writes_until_it_is_back_and_loses_none(workers):
+def test_a_writer_killed_under_writes_refuses_them_until_it_is_back_and_loses_none(workers):
+    """Writes keep arriving at the follower (each crosses the channel to the writer) while the
+    writer is killed: the ones acknowledged survive, the rest are refused with 503 + Retry-After
+    until the writer is back, and searches on new connections are answered throughout."""
     url = workers["url"]
-    pids = _both_up(url)
-    logged = httpx.post(f"{url}/documents", json=_doc("numbat-1", "numbat termites banded marsupial"))
-    assert logged.status_code == 201  # acknowledged: in the log, maybe not applied yet
-    _killed(pids["writer"])
-    refused, started = 0, time.time()
-    while True:
-        assert time.time() - started < 90, "the writer did not come back"
-        assert _once_more_if_reset(url, "POST", "/search", {"query": "vitamin bone", "top_k": 3}).status_code == 200
-        reply = _once_more_if_reset(url, "POST", "/documents", _doc("quoll-1", "quoll spotted carnivore"))
-        if reply.status_code == 201:
-            break
+    pids = workers_up(url)
+    follower, _ = worker_client(url, "follower")
+    outcomes: list[tuple[str, httpx.Response]] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        for i in itertools.count():
+            if stop.is_set():
+                return
+            doc_id = f"numbat-{i}"
+            outcomes.append((doc_id, follower.post("/documents", json=_doc(doc_id, f"numbat zq{i}marker"))))
+            time.sleep(0.1)
+
+    def writer_back() -> bool:  # a write acknowledged after one was refused
+        refused = [i for i, (_, reply) in enumerate(outcomes) if reply.status_code != 201]
+        return bool(refused) and any(reply.status_code == 201 for _, reply in outcomes[refused[0] :])
+
+    writing = threading.Thread(target=write)
+    writing.start()
+    try:
+        while sum(reply.status_code == 201 for _, reply in outcomes) < 3:
+            time.sleep(0.05)
+        sigkill(pids["writer"])
+        started, searched = time.time(), 0
+        while not writer_back():
+            assert time.time() - started < 90, "the writer did not come back"
+            search = httpx.post(f"{url}/search", json={"query": "vitamin bone", "top_k": 3}, timeout=20)
+            assert search.status_code == 200, search.text
+            searched += 1
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        writing.join()
+    refused = [reply for _, reply in outcomes if reply.status_code != 201]
+    assert refused and searched > 0
+    for reply in refused:
         assert reply.status_code == 503 and int(reply.headers["retry-after"]) > 0, reply.text
         assert "writer (worker 0) is restarting" in reply.json()["error"]
-        refused += 1
-        time.sleep(0.2)
-    assert refused > 0
-    assert _both_up(url)["writer"] != pids["writer"]
+    assert workers_up(url)["writer"] != pids["writer"]
+    acked = [doc_id for doc_id, reply in outcomes if reply.status_code == 201]
     for role in ("writer", "follower"):
-        client, _ = _connect(url, role)
-        assert client.get("/documents/numbat-1").status_code == 200
-        deadline = time.time() + 10  # replayed, then checkpointed within a refresh interval
-        while _top(client, "numbat termites")[0] != "numbat-1":
-            assert time.time() < deadline, f"the acknowledged write is not searchable on the {role}"
-            time.sleep(0.3)
+        client, _ = worker_client(url, role)
+        for doc_id in acked:
+            assert client.get(f"/documents/{doc_id}").status_code == 200, f"{doc_id} lost on the {role}"
+            deadline = time.time() + 10  # replayed, then checkpointed within a refresh interval
+            while _top(client, f"zq{doc_id.split('-')[1]}marker")[0] != doc_id:
+                assert time.time() < deadline, f"the acknowledged {doc_id} is not searchable on the {role}"
+                time.sleep(0.3)
         client.close()
+    follower.close()
 
 
 def test_a_worker_that_cannot_start_stops_serve_with_its_reason(tmp_path):

@@ -1,10 +1,12 @@
 """Faults, measured: damaged index files, a full disk, kill -9 and SIGTERM while the server works,
-a reranker and an LLM server that fail. Everything runs on copies of an index (never the index
-itself) and reports what a client would see: refused or not and why, writes acknowledged and lost,
-requests answered while the server stops.
+kill -9 of either worker of ``serve --workers 2`` under load, a reranker and an LLM server that
+fail. Everything runs on copies of an index (never the index itself) and reports what a client
+would see: refused or not and why, writes acknowledged and lost, requests answered while the
+server stops.
 
     python -m benchmarks.reliability.faults --index-dir indexes/nfcorpus --rounds 20 \\
         --out benchmarks/results/reliability-faults.json
+    python -m benchmarks.reliability.faults --faults workers      # one part; the file keeps the others
 
 ``tests/test_faults.py`` runs the same functions on the tests' tiny index, with fewer rounds.
 """
@@ -12,11 +14,13 @@ requests answered while the server stops.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import resource
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -31,7 +35,16 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from benchmarks.reliability.server import ServerExited, free_port, serve_args, start_server, stop_server
+from benchmarks.reliability.server import (
+    ServerExited,
+    free_port,
+    serve_args,
+    sigkill,
+    start_server,
+    stop_server,
+    worker_client,
+    workers_up,
+)
 from engine.settings import EngineSettings
 from engine.store.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
 from offline.records import write_result
@@ -500,28 +513,316 @@ def _metric(text: str, name: str) -> float | None:
     return float(found[0]) if found else None
 
 
+# ---------------------------------------------------------------- serve --workers 2: kill -9 of a worker under load
+
+WRITE_DOORS = ("rest", "mcp", "v1")  # the doors that take writes (A2A takes none)
+
+
+class _Readers:
+    """``clients`` threads searching over REST without pause, each on a kept-alive connection made
+    again every ``per_connection`` searches or after an error, so that the port spreads them over
+    the workers. Each answer is noted as ``(time, pid, kind)``: the pid of the worker the connection
+    reached (its ``/health``; None when even that failed), and ``ok``, ``busy`` (503: admission),
+    ``HTTP <status>`` or the exception's name."""
+
+    def __init__(self, url: str, clients: int, per_connection: int = 20) -> None:
+        self.url, self.per_connection = url, per_connection
+        self.outcomes: list[tuple[float, int | None, str]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._search, args=(i,), daemon=True) for i in range(clients)]
+
+    def _search(self, offset: int) -> None:
+        asked = offset
+        while not self.stop.is_set():
+            pid = None
+            try:
+                with httpx.Client(base_url=self.url, timeout=30) as client:
+                    pid = client.get("/health").json()["worker"]["pid"]
+                    for _ in range(self.per_connection):
+                        if self.stop.is_set():
+                            return
+                        asked += 1
+                        reply = client.post("/search", json={"query": QUERIES[asked % len(QUERIES)], "top_k": 10})
+                        kind = {200: "ok", 503: "busy"}.get(reply.status_code, f"HTTP {reply.status_code}")
+                        self.outcomes.append((time.perf_counter(), pid, kind))
+            except httpx.HTTPError as exc:
+                self.outcomes.append((time.perf_counter(), pid, type(exc).__name__))
+                time.sleep(0.05)
+
+
+class _DoorWriter:
+    """One thread writing through REST, MCP (the official client, its ``add_document`` and
+    ``delete_document`` tools) and ``/v1`` DOCUMENT_INGESTION in turn, each on a new connection;
+    every fourth write deletes an acknowledged document (REST or MCP in turn). The ledger keeps what
+    was acknowledged; ``outcomes`` each answer as ``(time, door, kind)``: ``acked``, ``refused``
+    (a 503, a tool error or an OVERLOADED message saying the writer is restarting), ``HTTP <status>``
+    or the exception's name (the write is then in doubt: either outcome is right, never half)."""
+
+    def __init__(self, url: str, ledger: Ledger, pause_s: float = 0.2) -> None:
+        self.url, self.ledger, self.pause_s = url, ledger, pause_s
+        self.outcomes: list[tuple[float, str, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._write, daemon=True)
+
+    def _write(self) -> None:
+        for i in range(1_000_000):
+            if self.stop.is_set():
+                return
+            door = WRITE_DOORS[i % len(WRITE_DOORS)]
+            victim = sorted(self.ledger.acked)[0] if i % 4 == 3 and self.ledger.acked else None
+            doc_id, word = f"w{i}", f"zxw{i}marker"
+            try:
+                if victim is not None:
+                    door = "mcp" if door == "mcp" else "rest"  # /v1 has no delete
+                    kind = self._delete(door, victim)
+                else:
+                    kind = self._add(door, document(doc_id, f"{word} chunk"))
+            except Exception as exc:  # whatever a client meets (the MCP client's own errors too), by name
+                kind = type(exc).__name__
+            self.outcomes.append((time.perf_counter(), door, kind))
+            if victim is not None:
+                del self.ledger.acked[victim]
+                (self.ledger.deleted if kind == "acked" else self.ledger.in_doubt).add(victim)
+            elif kind == "acked":
+                self.ledger.acked[doc_id] = word
+                self.ledger.writes += 1
+            elif kind != "refused":
+                self.ledger.in_doubt.add(doc_id)
+            time.sleep(self.pause_s)
+
+    def _add(self, door: str, body: dict) -> str:
+        if door == "rest":
+            return _kind(httpx.post(f"{self.url}/documents", json=body, timeout=30), 201)
+        if door == "mcp":
+            return _mcp_call(self.url, "add_document", body)
+        message = {
+            "type": "DOCUMENT_INGESTION",
+            "sender": "IngestionAgent",
+            "receiver": "RetrievalAgent",
+            "payload": {**body, "embedding_model": "all-MiniLM-L6-v2", "total_chunks": len(body["chunks"])},
+        }
+        reply = httpx.post(f"{self.url}/v1/messages", json=message, timeout=30)
+        if reply.status_code == 200 and reply.json()["type"] == "INGESTION_ACK":
+            return "acked"
+        return _kind(reply, 200)
+
+    def _delete(self, door: str, doc_id: str) -> str:
+        if door == "mcp":
+            return _mcp_call(self.url, "delete_document", {"document_id": doc_id})
+        return _kind(httpx.delete(f"{self.url}/documents/{doc_id}", timeout=30), 200)
+
+
+def _kind(reply: httpx.Response, ok_status: int) -> str:
+    """``acked``, ``refused`` (503 saying the writer is restarting: REST with Retry-After, ``/v1`` an
+    OVERLOADED message without one) or ``HTTP <status>``."""
+    if reply.status_code == ok_status:
+        return "acked"
+    if reply.status_code == 503 and "writer (worker 0) is restarting" in reply.text:
+        return "refused"
+    return f"HTTP {reply.status_code}"
+
+
+def _mcp_call(url: str, tool: str, arguments: dict) -> str:
+    from mcp import Client
+
+    async def call():
+        async with Client(url + "/mcp") as client:
+            return await client.call_tool(tool, arguments)
+
+    result = asyncio.run(call())
+    if not result.is_error:
+        return "acked"
+    return "refused" if "writer (worker 0) is restarting" in str(result.content) else "tool error"
+
+
+def _tally(items: Iterable[str]) -> dict[str, int]:
+    return dict(sorted(Counter(items).items()))
+
+
+def workers_killed_under_load(
+    index_dir: Path,
+    work_dir: Path,
+    readers: int = 4,
+    settle_s: float = 20.0,
+    roles: tuple[str, ...] = ("follower", "writer"),
+) -> dict:
+    """``serve --workers 2`` (no reranker, ``--mcp-writes``) on a copy of ``index_dir`` under REST
+    search load from ``readers`` clients, with writes arriving through every door that takes them:
+    ``settle_s`` of load, kill -9 of the follower, load until it serves again and ``settle_s`` more,
+    then the same for the writer (``roles``: which to kill, in turn). Then every acknowledged write
+    is checked on both workers, by id and by its own word. Reports, per phase, the searches'
+    outcomes on the killed worker and on the other, the writes' outcomes per door, how long each
+    worker took to serve again, and what was lost."""
+    index = _copy(index_dir, work_dir / "workers")
+    port = free_port()
+    url, log = f"http://127.0.0.1:{port}", work_dir / "workers.log"
+    args = serve_args(index, port, "--workers", "2", "--no-rerank", "--mcp-writes", "--agent-rate", "1000000/minute")
+    proc = start_server(args, f"{url}/health", log)
+    ledger, kills = Ledger(), {}
+    try:
+        pids = workers_up(url)
+        load, writes = _Readers(url, readers), _DoorWriter(url, ledger)
+        for thread in [*load.threads, writes.thread]:
+            thread.start()
+        marks = [("before", None, time.perf_counter())]  # phases: name, the pid killed in it, start
+        for role in roles:
+            time.sleep(settle_s)
+            killed_at = time.perf_counter()
+            marks.append((f"{role} down", pids[role], killed_at))
+            released_s = sigkill(pids[role])
+            pids = workers_up(url, seconds=600)  # the killed role answers again: a new process serves it
+            marks.append((f"after the {role} is back", None, time.perf_counter()))
+            kills[role] = {"killed_at": killed_at, "sockets_closed_s": round(released_s, 3)}
+            kills[role]["serving_again_s"] = round(marks[-1][2] - killed_at, 1)
+        time.sleep(settle_s)
+        for worker in (load, writes):
+            worker.stop.set()
+        for thread in [*load.threads, writes.thread]:
+            thread.join(60)
+        ended = time.perf_counter()
+        for kill in kills.values():  # the first write acknowledged after the kill, through any door
+            killed_at = kill.pop("killed_at")
+            acked = [t - killed_at for t, _, kind in writes.outcomes if kind == "acked" and t > killed_at]
+            kill["first_write_acknowledged_s"] = round(acked[0], 1) if acked else None
+        barrier = httpx.post(f"{url}/documents?refresh=wait_for", json=document("last", "zxlastmarker"), timeout=60)
+        assert barrier.status_code == 201, barrier.text  # applied and checkpointed, so are all before it
+        for role in ("writer", "follower"):
+            client, _ = worker_client(url, role, timeout_s=60)
+            try:
+                ledger.check(client, ledger.acked)
+            finally:
+                client.close()
+        health = httpx.get(f"{url}/health", timeout=30).json()["status"]
+    finally:
+        exit_code = stop_server(proc)
+    phases = []
+    for (name, killed, start), end in zip(marks, [*(mark[2] for mark in marks[1:]), ended], strict=True):
+        place = {None: "new connection", killed: "killed worker"}  # None: the /health that finds out failed
+        other = "other worker" if killed else "either worker"
+        reads = [(place.get(pid, other), kind) for t, pid, kind in load.outcomes if start <= t < end]
+        phases.append(
+            {
+                "phase": name,
+                "seconds": round(end - start, 1),
+                "searches": {
+                    where: _tally(k for w, k in reads if w == where) for where in sorted({w for w, _ in reads})
+                },
+                "writes": {
+                    door: _tally(kind for t, d, kind in writes.outcomes if d == door and start <= t < end)
+                    for door in WRITE_DOORS
+                },
+            }
+        )
+    return {
+        "workers": 2,
+        "readers": readers,
+        "searches": len(load.outcomes),
+        "searches_per_s": round(len(load.outcomes) / (ended - marks[0][2]), 1),
+        "kills": kills,
+        "phases": phases,
+        "acknowledged": ledger.writes,
+        "acknowledged_deletes": len(ledger.deleted),
+        "in_doubt": len(ledger.in_doubt),
+        "lost": len(ledger.lost),
+        "half_applied": len(ledger.half_applied),
+        "resurrected": len(ledger.resurrected),
+        "health_after": health,
+        "exit_code": exit_code,
+        "traceback": "Traceback" in log.read_text(),
+    }
+
+
+def kill_window(index_dir: Path, work_dir: Path, trials: int = 16, connections: int = 40) -> dict:
+    """Why a new connection may be reset right after a worker is killed, and when that stops:
+    ``trials`` times, kill -9 a worker of ``serve --workers 2 --read-only`` and wait until its leader
+    thread is a zombie (every other trial: until every thread is gone, as :func:`sigkill` does), then
+    open ``connections`` connections at once, each asking ``/health``; count those not answered."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = serve_args(index_dir, port, "--workers", "2", "--read-only", "--no-rerank")
+    proc = start_server(args, f"{url}/health", work_dir / "kill-window.log")
+    failed: dict[str, list[int]] = {"leader a zombie": [], "every thread gone": []}
+    try:
+        for trial in range(trials):
+            wait = list(failed)[trial % 2]
+            sigkill(min(_pids(url, 2)), every_thread=wait == "every thread gone")
+            failed[wait].append(sum(not _health_answered(port) for _ in range(connections)))
+    finally:
+        exit_code = stop_server(proc)
+    return {
+        "connections_per_kill": connections,
+        **{
+            wait: {"kills": len(counts), "kills_with_a_failure": sum(n > 0 for n in counts), "failed": sum(counts)}
+            for wait, counts in failed.items()
+        },
+        "exit_code": exit_code,
+    }
+
+
+def _pids(url: str, count: int, seconds: float = 180) -> set[int]:
+    """The pids of ``count`` workers, once each has answered ``/health`` over a new connection."""
+    found: set[int] = set()
+    deadline = time.time() + seconds
+    while len(found) < count:
+        if time.time() > deadline:
+            raise RuntimeError(f"{count - len(found)} of {count} workers did not answer within {seconds:g} s")
+        try:
+            found.add(httpx.get(f"{url}/health", timeout=10).json()["worker"]["pid"])
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return found
+
+
+def _health_answered(port: int) -> bool:
+    """``GET /health`` on a new connection, in raw bytes (a few hundred microseconds): answered 200?"""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            return conn.recv(12).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------- all of it
 
 
-def run_faults(index_dir: Path, work_dir: Path, rounds: int = 20, reranker: str | None = None) -> dict:
-    """Every fault above against copies of ``index_dir`` (``reranker``: default the index's own;
-    the reranker case is skipped without one)."""
+FAULTS = ("corruptions", "reranker_failure", "sigterm", "disk_full", "kill_9", "workers", "kill_window")
+
+
+def run_faults(
+    index_dir: Path, work_dir: Path, rounds: int = 20, reranker: str | None = None, faults: Iterable[str] = FAULTS
+) -> dict:
+    """The ``faults`` above (default all; names as in :data:`FAULTS`) against copies of
+    ``index_dir`` (``reranker``: default the index's own; the reranker case is skipped without one)."""
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
     work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    crashed = crashed_copy(index_dir, work_dir / "crashed")
-    figures: dict = {
-        "index_dir": str(index_dir),
-        "corruptions": [corruption_outcome(c, index_dir, work_dir, crashed, via_cli=True) for c in CORRUPTIONS],
-    }
-    reranker = reranker or str(index_dir / "reranker")
-    if Path(reranker).is_dir():
-        figures["reranker_failure"] = reranker_failure(index_dir, work_dir, reranker)
-    else:
-        figures["reranker_failure"] = {"skipped": f"no reranker at {reranker}"}
-    figures["sigterm"] = sigterm_drain(index_dir, work_dir)
-    figures["disk_full"] = disk_full(index_dir, work_dir)
-    figures["kill_9"] = sigkill_rounds(index_dir, work_dir, rounds)
-    figures["seconds"] = round(time.perf_counter() - started, 1)
+    figures: dict = {"index_dir": str(index_dir)}
+    if "corruptions" in faults:
+        crashed = crashed_copy(index_dir, work_dir / "crashed")
+        figures["corruptions"] = [
+            corruption_outcome(c, index_dir, work_dir, crashed, via_cli=True) for c in CORRUPTIONS
+        ]
+    if "reranker_failure" in faults:
+        reranker = reranker or str(index_dir / "reranker")
+        if Path(reranker).is_dir():
+            figures["reranker_failure"] = reranker_failure(index_dir, work_dir, reranker)
+        else:
+            figures["reranker_failure"] = {"skipped": f"no reranker at {reranker}"}
+    if "sigterm" in faults:
+        figures["sigterm"] = sigterm_drain(index_dir, work_dir)
+    if "disk_full" in faults:
+        figures["disk_full"] = disk_full(index_dir, work_dir)
+    if "kill_9" in faults:
+        figures["kill_9"] = sigkill_rounds(index_dir, work_dir, rounds)
+    if "workers" in faults:
+        figures["workers"] = workers_killed_under_load(index_dir, work_dir)
+    if "kill_window" in faults:
+        figures["kill_window"] = kill_window(index_dir, work_dir)
+    if set(faults) == set(FAULTS):  # a part run alone keeps the whole run's time in the file
+        figures["seconds"] = round(time.perf_counter() - started, 1)
     return figures
 
 
@@ -530,11 +831,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
     parser.add_argument("--rounds", type=int, default=20, help="kill -9 rounds")
     parser.add_argument("--reranker", help="reranker folder for the reranker fault (default: the index's own)")
+    parser.add_argument("--faults", default=",".join(FAULTS), help="which faults, comma-separated (default: all)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability-faults.json"))
     args = parser.parse_args(argv)
+    faults = args.faults.split(",")
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
-        figures = run_faults(args.index_dir.resolve(), Path(tmp), args.rounds, args.reranker)
-    write_result(args.out, figures, vars(args))
+        figures = run_faults(args.index_dir.resolve(), Path(tmp), args.rounds, args.reranker, faults)
+    write_result(args.out, figures, vars(args), update=True)  # faults not run keep their last figures
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -82,3 +83,60 @@ def wait_until_up(url: str, seconds: float = 30) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer within {seconds:g} s")
+
+
+# ---------------------------------------------------------------- ``serve --workers N``: which worker answers
+
+
+def worker_client(url: str, role: str, seconds: float = 60, timeout_s: float = 20) -> tuple[httpx.Client, dict]:
+    """A client whose kept-alive connection reaches the worker of ``role`` ("writer", "follower"),
+    and that worker's ``/health``: each new connection may reach any worker, and ``/health`` names
+    the one that answered, so the connection's next requests reach it too."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        client = httpx.Client(base_url=url, timeout=timeout_s)
+        try:
+            health = client.get("/health").json()
+            if health["worker"]["role"] == role:
+                return client, health
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        client.close()
+    raise RuntimeError(f"no {role} answered at {url} within {seconds:g} s")
+
+
+def workers_up(url: str, seconds: float = 90, roles: tuple[str, ...] = ("writer", "follower")) -> dict[str, int]:
+    """The pid of each role, once each answers over a new connection."""
+    pids = {}
+    for role in roles:
+        client, health = worker_client(url, role, seconds)
+        client.close()
+        pids[role] = health["worker"]["pid"]
+    return pids
+
+
+def sigkill(pid: int, seconds: float = 30, every_thread: bool = True) -> float:
+    """SIGKILL ``pid`` and wait until it has let go of its sockets; the seconds that took.
+    (``every_thread=False``: only until its leader is a zombie, too early, for
+    :func:`benchmarks.reliability.faults.kill_window` to show what that costs.)
+
+    Gone means every thread gone: the process reaped, or only its zombie leader left. The leader
+    turning zombie is not enough: a process's threads die one by one, and the last one unmaps the
+    memory before it closes the files, so a worker's listening socket stays in its port's
+    ``SO_REUSEPORT`` group for a while after its leader is a zombie; a new connection the kernel
+    hands to that socket meanwhile is completed and then reset when the socket closes (measured:
+    ``reliability-faults.json["kill_window"]``; with ``net.ipv4.tcp_migrate_req=1`` the kernel moves
+    a closing socket's connections to a sibling instead)."""
+    started = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            return time.perf_counter() - started
+        if fields["State"].split()[0] == "Z" and (int(fields["Threads"]) <= 1 or not every_thread):
+            return time.perf_counter() - started
+        time.sleep(0.01)
+    raise RuntimeError(f"pid {pid} still has threads {seconds:g} s after SIGKILL")
