@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import uuid
 from pathlib import Path
 
 import httpx
 
 from agents.door_load import a2a_v03_send
+from benchmarks.reliability.server import CLI, ROOT
 
 TOPICS = {
     "vitamin": "vitamin D supplements bone density falls elderly calcium",
@@ -100,3 +103,14 @@ def only_doc_ids(task) -> list[str]:
     data = MessageToDict(part.data)
     assert set(data) == {"doc_ids"}
     return data["doc_ids"]
+
+
+def fails_to_serve(args: list[str]) -> str:
+    """``hybrid-search`` run with ``args`` (a ``serve`` meant to fail at start): it must exit 2 with a
+    CLI error, no traceback; its stderr."""
+    run = subprocess.run(
+        CLI + args, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    return run.stderr

@@ -8,21 +8,28 @@ import logging
 import multiprocessing
 import os
 import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from benchmarks.reliability.server import (
+    free_port,
+    serve_args,
+    sigkill,
+    start_server,
+    stop_server,
+    worker_client,
+    workers_up,
+)
 from engine.rerank.loading import load_reranker
 from engine.rerank.pair_assembly import PassageTokens
 from offline.dataset import load_dataset
 from serving.reranker_process import SharedReranker, run_reranker
 from serving.settings import Settings
 from serving.worker_channel import Channel, WorkerUnreachable
-from tests.test_workers import _both_up, _connect, _killed
+from tests.helpers import fails_to_serve
 
 
 def _jobs(beir_dir) -> list[tuple[str, list[str]]]:
@@ -89,7 +96,7 @@ def shared_server(index_dir, reranker_dir, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     args = serve_args(index, port, "--workers", "2", "--reranker", reranker_dir, "--shared-reranker", "on")
     proc = start_server(args + ["--query-timeout", "20"], f"{url}/health", folder / "log")
-    _both_up(url)
+    workers_up(url)
     yield {"url": url, "log": folder / "log"}
     assert stop_server(proc) == 0, "SIGTERM must stop the workers and the reranker process cleanly"
     assert "Traceback" not in (folder / "log").read_text()
@@ -131,7 +138,7 @@ QUERIES = ("soy isoflavones prostate", "coffee and liver disease", "vitamin d bo
 def test_workers_rerank_through_the_shared_process_as_one_process_would(shared_server, reranker_dir, alone):
     url = shared_server["url"]
     for role in ("writer", "follower"):
-        client, health = _connect(url, role)
+        client, health = worker_client(url, role)
         assert health["status"] == "ok" and health["reranker"] == reranker_dir, health
         assert health["reranker_process"]["reachable"] is True
         for query in QUERIES:
@@ -142,9 +149,9 @@ def test_workers_rerank_through_the_shared_process_as_one_process_would(shared_s
 @pytest.mark.slow
 def test_a_killed_reranker_process_leaves_queries_answered_in_fused_order_and_comes_back(shared_server, alone):
     url = shared_server["url"]
-    client, health = _connect(url, "follower")
+    client, health = worker_client(url, "follower")
     before = health["reranker_process"]
-    _killed(before["pid"])
+    sigkill(before["pid"])
     asked = "soy isoflavones prostate, asked anew"  # no cached scores: the process is called
     _same(_search(client, asked), alone[False](asked))
     health = client.get("/health").json()
@@ -163,14 +170,5 @@ def test_a_killed_reranker_process_leaves_queries_answered_in_fused_order_and_co
 
 def test_a_reranker_that_cannot_load_stops_serve_with_its_reason(index_dir, tmp_path):
     args = serve_args(index_dir, free_port(), "--workers", "2", "--shared-reranker", "on")
-    run = subprocess.run(
-        CLI + args + ["--reranker", str(tmp_path / "missing")],
-        cwd=ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 2, run.stderr
-    assert "hybrid-search: error: the reranker process" in run.stderr and "missing" in run.stderr
-    assert "Traceback" not in run.stderr
+    stderr = fails_to_serve(args + ["--reranker", str(tmp_path / "missing")])
+    assert "hybrid-search: error: the reranker process" in stderr and "missing" in stderr
