@@ -252,6 +252,17 @@ class Ledger:
     half_applied: set[str] = field(default_factory=set)
     resurrected: set[str] = field(default_factory=set)
 
+    def counts(self) -> dict[str, int]:
+        """What the results file says of the writes: how many were acknowledged, and how many went wrong."""
+        return {
+            "acknowledged": self.writes,
+            "acknowledged_deletes": len(self.deleted),
+            "in_doubt": len(self.in_doubt),
+            "lost": len(self.lost),
+            "half_applied": len(self.half_applied),
+            "resurrected": len(self.resurrected),
+        }
+
     def check(self, client: httpx.Client, search: Iterable[str]) -> None:
         """Note what the server lost: acknowledged documents it cannot show by id (``lost``) or not
         whole (``half_applied``: not two chunks), those of ``search`` their own word does not find
@@ -318,12 +329,7 @@ def sigkill_rounds(index_dir: Path, work_dir: Path, rounds: int = 20, seed: int 
         ledger.check(client, ledger.acked)
     return {
         "rounds": rounds,
-        "acknowledged": ledger.writes,
-        "acknowledged_deletes": len(ledger.deleted),
-        "in_doubt": len(ledger.in_doubt),
-        "lost": len(ledger.lost),
-        "half_applied": len(ledger.half_applied),
-        "resurrected": len(ledger.resurrected),
+        **ledger.counts(),
         "replayed_records": replayed,
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -720,12 +726,7 @@ def workers_killed_under_load(
         "searches_per_s": round(len(load.outcomes) / (ended - marks[0][2]), 1),
         "kills": kills,
         "phases": phases,
-        "acknowledged": ledger.writes,
-        "acknowledged_deletes": len(ledger.deleted),
-        "in_doubt": len(ledger.in_doubt),
-        "lost": len(ledger.lost),
-        "half_applied": len(ledger.half_applied),
-        "resurrected": len(ledger.resurrected),
+        **ledger.counts(),
         "health_after": health,
         "exit_code": exit_code,
         "traceback": "Traceback" in log.read_text(),
