@@ -82,7 +82,8 @@ class RetrievalAgent:
         except ServiceError as exc:  # 503: the index's writer, in another process, is restarting or busy
             if exc.status != 503:
                 raise
-            raise AgentError(ErrorCode.OVERLOADED, str(exc)) from None
+            retry_after = (exc.headers or {}).get("Retry-After")
+            raise AgentError(ErrorCode.OVERLOADED, str(exc), int(retry_after) if retry_after else None) from None
         return IngestionAck(
             document_id=ack["document_id"],
             chunks_indexed=ack["chunks"],

@@ -31,11 +31,13 @@ ROUTER_ID = "Router"
 
 
 class AgentError(Exception):
-    """What an agent raises to answer with an ERROR_MESSAGE of ``code``."""
+    """What an agent raises to answer with an ERROR_MESSAGE of ``code``; ``retry_after_s``, when the
+    failure knows when to come back, goes in the reply's metadata and the HTTP door's Retry-After."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after_s = retry_after_s
 
 
 class Agent(Protocol):
@@ -90,7 +92,13 @@ class Router:
         return None if agent is None else self.stats[agent_id].health(agent)
 
     async def error(
-        self, code: ErrorCode, text: str, original: dict | Message, trace_id: str | None = None, to: str | None = None
+        self,
+        code: ErrorCode,
+        text: str,
+        original: dict | Message,
+        trace_id: str | None = None,
+        to: str | None = None,
+        retry_after_s: int | None = None,
     ) -> Message:
         """An ERROR_MESSAGE from the router about ``original`` (a Message or what was sent)."""
         raw = original.model_dump() if isinstance(original, Message) else original
@@ -117,6 +125,7 @@ class Router:
             receiver=receiver[:128] or "unknown",
             trace_id=trace,
             payload=payload.model_dump(mode="json"),
+            metadata={} if retry_after_s is None else {"retry_after_s": retry_after_s},
         )
 
     async def refuse(self, code: ErrorCode, text: str, raw: Any) -> Message:
@@ -211,7 +220,9 @@ class Router:
             if failure.code is ErrorCode.TIMEOUT or not ERRORS[failure.code][0] or attempt == self.retries:
                 break
             await asyncio.sleep(self.backoff_s * 2**attempt)
-        return await self.error(failure.code, str(failure), message, message.trace_id)
+        return await self.error(
+            failure.code, str(failure), message, message.trace_id, retry_after_s=failure.retry_after_s
+        )
 
 
 _overruns: ContextVar[list[asyncio.Future] | None] = ContextVar("overruns", default=None)

@@ -137,6 +137,8 @@ class ProtocolDoor:
         status = 200
         if message.type == "ERROR_MESSAGE":
             status = STATUS.get(ErrorCode(message.payload["error_code"]), 503)
+            if "retry_after_s" in message.metadata:  # an agent's refusal that knows when to come back
+                headers = {"Retry-After": str(message.metadata["retry_after_s"])} | (headers or {})
         return JSONResponse(message.model_dump(mode="json"), status_code=status, headers=headers)
 
     async def _refused(self, code: ErrorCode, text: str, raw: object, headers: dict | None = None) -> JSONResponse:

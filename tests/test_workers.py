@@ -61,6 +61,18 @@ def _doc(document_id: str, words: str) -> dict:
     }
 
 
+def _ingestion(document: dict) -> dict:
+    """The agent protocol's DOCUMENT_INGESTION of ``document``, acknowledged once searchable."""
+    payload = {**document, "embedding_model": "all-MiniLM-L6-v2", "total_chunks": 1}
+    return {
+        "type": "DOCUMENT_INGESTION",
+        "sender": "IngestionAgent",
+        "receiver": "RetrievalAgent",
+        "metadata": {"wait": True},
+        "payload": payload,
+    }
+
+
 def _top(client: httpx.Client, query: str) -> list[str]:
     reply = client.post("/search", json={"query": query, "top_k": 3})
     assert reply.status_code == 200, reply.text
@@ -92,18 +104,7 @@ def test_both_workers_answer_and_a_write_through_either_is_visible_on_both(worke
     assert follower.get("/documents/okapi-1").status_code == 404  # DocumentNotFound crossed the channel
 
     # the agent protocol's DOCUMENT_INGESTION through the follower
-    message = {
-        "type": "DOCUMENT_INGESTION",
-        "sender": "IngestionAgent",
-        "receiver": "RetrievalAgent",
-        "metadata": {"wait": True},
-        "payload": {
-            **_doc("tapir-1", "tapir proboscis lowland"),
-            "embedding_model": "all-MiniLM-L6-v2",
-            "total_chunks": 1,
-        },
-    }
-    reply = follower.post("/v1/messages", json=message)
+    reply = follower.post("/v1/messages", json=_ingestion(_doc("tapir-1", "tapir proboscis lowland")))
     assert reply.status_code == 200 and reply.json()["type"] == "INGESTION_ACK", reply.text
     assert _top(writer, "tapir proboscis")[0] == "tapir-1" and _top(follower, "tapir proboscis")[0] == "tapir-1"
 
@@ -196,8 +197,10 @@ def test_a_writer_killed_under_writes_refuses_them_until_it_is_back_and_loses_no
         while sum(reply.status_code == 201 for _, reply in outcomes) < 3:
             time.sleep(0.05)
         sigkill(pids["writer"])
-        started, searched = time.time(), 0
+        started, searched, agent_refusal = time.time(), 0, None
         while not writer_back():
+            if agent_refusal is None and any(reply.status_code != 201 for _, reply in outcomes):
+                agent_refusal = follower.post("/v1/messages", json=_ingestion(_doc("numbat-v1", "numbat via v1")))
             assert time.time() - started < 90, "the writer did not come back"
             search = httpx.post(f"{url}/search", json={"query": "vitamin bone", "top_k": 3}, timeout=20)
             assert search.status_code == 200, search.text
@@ -211,6 +214,11 @@ def test_a_writer_killed_under_writes_refuses_them_until_it_is_back_and_loses_no
     for reply in refused:
         assert reply.status_code == 503 and int(reply.headers["retry-after"]) > 0, reply.text
         assert "writer (worker 0) is restarting" in reply.json()["error"]
+    # the agent protocol's door refuses the same way, with the same Retry-After (ingestions are writes)
+    assert agent_refusal is not None and agent_refusal.status_code == 503, agent_refusal.text
+    assert (
+        agent_refusal.json()["payload"]["error_code"] == "OVERLOADED" and int(agent_refusal.headers["retry-after"]) > 0
+    )
     assert workers_up(url)["writer"] != pids["writer"]
     acked = [doc_id for doc_id, reply in outcomes if reply.status_code == 201]
     for role in ("writer", "follower"):
