@@ -89,7 +89,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         ray_app().run_on_ray(settings, writable=not args.read_only)
         return 0
     doors = {"mcp": not args.no_mcp, "a2a": not args.no_a2a, "mcp_url": args.mcp_url, "writable": not args.read_only}
-    if settings.serving.workers > 1:
+    if settings.serving.worker_count() > 1:
         from serving.workers import run_workers
 
         run_workers(settings, **doors)

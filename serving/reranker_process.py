@@ -43,7 +43,7 @@ def shared(settings: Settings) -> bool:
     """Whether ``serve --workers N`` runs the reranker in a process of its own (``shared_reranker``).
     ``auto`` with ``--device auto`` asks torch whether there is a GPU: the supervisor imports torch
     then (no CUDA context is made; its children are spawned, not forked)."""
-    if settings.serving.workers < 2 or not settings.engine.reranker_wanted:
+    if settings.serving.worker_count() < 2 or not settings.engine.reranker_wanted:
         return False
     if settings.serving.shared_reranker != "auto":
         return settings.serving.shared_reranker == "on"

@@ -60,11 +60,11 @@ class ServingSettings(BaseModel):
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
     workers: int = Field(
-        1,
-        ge=1,
+        0,
+        ge=0,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
-        " each gets cores / N threads, so a sensible N is the cores divided by the threads a worker should have"
-        " (1: one process)",
+        " each gets cores / N threads (0 = one for every two cores: 1 on 2 cores, keeping MCP sessions; 8 on 16)."
+        " Past one, MCP is stateless and each process holds its own copy of the engine",
     )
     shared_reranker: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -73,6 +73,10 @@ class ServingSettings(BaseModel):
         " GPU); off = each worker loads its own; auto = on with CUDA, off on a CPU, where the worker's own"
         " reranker answered faster (docs/configuration.md)",
     )
+
+    def worker_count(self) -> int:
+        """``workers``, with 0 resolved from the cores this process may use."""
+        return self.workers or max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 class SecuritySettings(BaseModel):

@@ -96,7 +96,7 @@ def bind(host: str, port: int, listen: bool = False) -> socket.socket:
 def run_workers(
     settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None, writable: bool = True
 ) -> None:
-    """Serve with ``settings.serving.workers`` processes until Ctrl-C or SIGTERM."""
+    """Serve with ``settings.serving.worker_count()`` processes until Ctrl-C or SIGTERM."""
     tls_options(settings)  # bad TLS files stop here, before any worker starts
     held = {door: bind(settings.serving.host, port) for door, port in door_ports(settings, mcp, a2a, mcp_url).items()}
     try:
@@ -126,7 +126,7 @@ Child = int | str  # a worker's index, or RERANKER
 class _Supervisor:
     def __init__(self, settings: Settings, doors: Doors, writable: bool, channel: Channel, where: str) -> None:
         self.settings, self.doors, self.where = settings, doors, where
-        count = settings.serving.workers
+        count = settings.serving.worker_count()
         self.seats = [Seat(index, count, writable, channel) for index in range(count)]
         self.context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied threads or JVM
         self.shared = shared(settings)

@@ -6,6 +6,7 @@ import pytest
 from cli.main import build_parser, main
 from engine.settings import EngineSettings
 from index_build.settings import BuildSettings
+from serving.settings import Settings
 
 
 def test_help_teaches_every_command(capsys):
@@ -66,7 +67,7 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["search", "x", "--rrf-k", "-1"], "invalid settings: rrf_k"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
         (["serve", "--ray", "--workers", "2"], "not --workers: leave out --workers"),
-        (["serve", "--workers", "0"], "invalid settings: workers: Input should be greater than or equal to 1"),
+        (["serve", "--workers", "-1"], "invalid settings: workers: Input should be greater than or equal to 0"),
         (["train-reranker", "--mine-depth", "4"], "--mine-depth 4 cannot hold a group of 8"),
         (["train-reranker", "--distil-weight", "1.5"], "--distil-weight must be between 0 and 1, not 1.5"),
         (["train-reranker", "--distil-from", "/nonexistent/teacher"], "cannot load reranker '/nonexistent/teacher'"),
@@ -146,3 +147,9 @@ def test_settings_in_toml_tables_and_a_clear_error_for_an_unknown_name(tmp_path,
     assert main(["--config", str(toml), "search", "q"]) == 2
     err = capsys.readouterr().err
     assert "invalid settings: rerank_dept: Extra inputs are not permitted" in err and "Traceback" not in err
+
+
+def test_serve_runs_one_worker_for_every_two_cores_unless_told():
+    cores = len(os.sched_getaffinity(0))
+    assert Settings().serving.worker_count() == max(1, cores // 2)
+    assert Settings().with_values(workers=3).serving.worker_count() == 3
