@@ -60,11 +60,11 @@ class ServingSettings(BaseModel):
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
     workers: int = Field(
-        0,
+        1,
         ge=0,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
-        " each gets cores / N threads (0 = one for every two cores: 1 on 2 cores, keeping MCP sessions; 8 on 16)."
-        " Past one, MCP is stateless and each process holds its own copy of the engine",
+        " each gets cores / N threads; 0 = one for every two cores (8 on 16). Past one, MCP is stateless, A2A"
+        " tasks and rate limits are per process, and each holds its own copy of the engine (docs/configuration.md)",
     )
     shared_reranker: Literal["auto", "on", "off"] = Field(
         "auto",

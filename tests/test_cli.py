@@ -149,7 +149,8 @@ def test_settings_in_toml_tables_and_a_clear_error_for_an_unknown_name(tmp_path,
     assert "invalid settings: rerank_dept: Extra inputs are not permitted" in err and "Traceback" not in err
 
 
-def test_serve_runs_one_worker_for_every_two_cores_unless_told():
+def test_serve_runs_one_process_unless_told_and_workers_0_is_one_for_every_two_cores():
     cores = len(os.sched_getaffinity(0))
-    assert Settings().serving.worker_count() == max(1, cores // 2)
+    assert Settings().serving.worker_count() == 1
+    assert Settings().with_values(workers=0).serving.worker_count() == max(1, cores // 2)
     assert Settings().with_values(workers=3).serving.worker_count() == 3
