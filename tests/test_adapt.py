@@ -8,9 +8,11 @@ import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.settings import EngineSettings
+from index_build.adapt import nearest
 from index_build.settings import BuildSettings
 
 WORDS = (
@@ -160,3 +162,15 @@ def test_a_chunk_added_after_the_graph_keeps_its_own_score():
     assert ranked["a"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.5)  # lent b's score
     assert ranked["b"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
     assert [u for u, _ in graph.rerank(fused, {"a": 0, "b": 1, "new": 7})] == ["new", "a", "b"]
+
+
+def test_the_graph_of_a_large_corpus_is_found_by_hnsw_close_to_the_exact_one():
+    vectors = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    exact, exact_sims = nearest(vectors, 5)
+    approx, approx_sims = nearest(vectors, 5, exact_up_to=1000)  # past the limit: HNSW
+    assert approx.shape == exact.shape == (2000, 5) and approx_sims.shape == (2000, 5)
+    assert not (approx == np.arange(2000)[:, None]).any(), "a chunk is not its own neighbour"
+    found = np.mean([len(set(a) & set(e)) / 5 for a, e in zip(approx, exact, strict=True)])
+    assert found > 0.9, found
+    assert np.all(np.diff(approx_sims, axis=1) <= 1e-6), "best first"
