@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.reliability.server import (
     ServerExited,
@@ -403,16 +404,17 @@ def _error_of(reply: httpx.Response) -> str:
 QUERIES = ["does vitamin D prevent falls", "statins and breast cancer", "soy and prostate cancer", "coffee and liver"]
 
 
-def sigterm_drain(index_dir: Path, work_dir: Path, requests: int = 24) -> dict:
+def sigterm_drain(index_dir: Path, work_dir: Path, requests: int = 48) -> dict:
     """Fire ``requests`` searches at once (a connection each), SIGTERM the server once a quarter of
-    them are answered, and keep opening new connections until it exits: how many searches still
-    running at the signal were answered (``completed``: an HTTP answer, ``ok`` of them 200), whether
-    new connections were refused meanwhile, the exit code. Searches may queue for a minute (not the
-    default two seconds), so that those waiting for a slot at the signal are drained too rather
+    them are answered and the rest are all inside it, and keep opening new connections until it
+    exits: how many searches still running at the signal were answered (``completed``: an HTTP
+    answer, ``ok`` of them 200), whether new connections were refused meanwhile, the exit code.
+    The server takes one search at a time and lets the others queue for a minute (not the default
+    two seconds), so that most are waiting for the slot at the signal and are drained too rather
     than refused by admission control."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = serve_args(index_dir, port, "--read-only", "--max-queue", "60")
+    args = serve_args(index_dir, port, "--read-only", "--max-queue", "60", "--max-in-flight", "1")
     proc = start_server(args, f"{url}/health", work_dir / "sigterm.log")
     outcomes: list[object] = [None] * requests
     ends = [0.0] * requests
@@ -436,6 +438,7 @@ def sigterm_drain(index_dir: Path, work_dir: Path, requests: int = 24) -> dict:
     go.wait()
     for _ in range(requests // 4):
         answered.acquire()
+    _until_all_received(url, requests, lambda: sum(end > 0 for end in ends))
     signalled = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
     probes: list[tuple[float, object]] = []
@@ -469,6 +472,26 @@ def sigterm_drain(index_dir: Path, work_dir: Path, requests: int = 24) -> dict:
         "exit_code": exit_code,
         "traceback": "Traceback" in (work_dir / "sigterm.log").read_text(),
     }
+
+
+def _until_all_received(url: str, requests: int, answered: Callable[[], int], timeout_s: float = 30) -> None:
+    """Return once every search not yet answered is inside the server (waiting for an admission slot
+    or in one), by its ``/metrics``: a request the server has not read yet at the signal (its
+    connection still in the listen backlog, its bytes not yet parsed) is not one in flight, and
+    refusing it is what a draining server should do."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=10) as client:
+        while time.monotonic() < deadline:
+            before = answered()  # read first: an answer in between is then counted nowhere, not twice
+            inside = sum(
+                sample.value
+                for family in text_string_to_metric_families(client.get(f"{url}/metrics").text)
+                for sample in family.samples
+                if sample.name in ("admission_waiting", "admission_in_flight")
+            )
+            if before + inside >= requests:
+                return
+    raise TimeoutError(f"the server did not receive all {requests} searches within {timeout_s:g} s")
 
 
 # ---------------------------------------------------------------- a failing reranker and LLM server
