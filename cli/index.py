@@ -14,9 +14,16 @@ from engine.store.index_dir import ADAPT_DIR, FUSION_DIR, MANIFEST_FILE
 from serving.settings import Settings
 
 console = Console()
+ADAPT_HELP = {
+    "llm_url": "OpenAI-compatible chat server, e.g. http://127.0.0.1:8080/v1: --adapt asks it for a question each of"
+    " --adapt-generated chunks answers, as more pseudo-queries (asked once first, so a wrong URL fails at once)",
+    "llm_model": 'model name sent to that server (default "default")',
+}
+ADAPT_SETTINGS = ["adapt", "adapt_queries", "adapt_generated", "adapt_min_gain", "llm_url", "llm_model", "llm_api_key"]
 BUILD_HELP = {
     "fusion": "auto: train the learned fusion when there are train judgments; rrf: train none",
     "max_length": "with --distil-from: the student's tokens per pair (default 96)",
+    **ADAPT_HELP,
 }
 
 
@@ -58,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             *WHERE,
             "encode_batch_size",
             *Settings.part_fields("build"),
+            *ADAPT_SETTINGS,
             "bm25_k1",
             "bm25_b",
             "fusion",
@@ -102,12 +110,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         " scores) is fitted on half of them and checked against RRF on the other half; it is served only when it"
         " beats RRF there. The report and the decision go to <index-dir>/adapt/adapt.json; /health shows the"
         " stages served. Run it after `ingest` grew the index (new chunks have no neighbours until then); an index"
-        " with live writes not yet checkpointed needs `compact` first.",
+        " with live writes not yet checkpointed needs `compact` first. With --llm-url, a chat server also writes"
+        " a question for each of --adapt-generated chunks (InPars-style pseudo-queries, closer to what users type).",
         epilog="examples:\n  hybrid-search adapt --index-dir indexes/docs\n"
-        "  hybrid-search adapt --index-dir indexes/docs --adapt-queries 1200",
+        "  hybrid-search adapt --index-dir indexes/docs --adapt-queries 1200\n"
+        "  hybrid-search adapt --index-dir indexes/docs --llm-url http://127.0.0.1:8080/v1 --llm-model qwen2.5-7b",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_settings(p, [*WHERE, "encode_batch_size", "adapt", "adapt_queries", "adapt_min_gain", "bm25_k1", "bm25_b"])
+    add_settings(p, [*WHERE, "encode_batch_size", *ADAPT_SETTINGS, "bm25_k1", "bm25_b"], ADAPT_HELP)
     p.set_defaults(run=adapt)
 
     p = sub.add_parser(
@@ -136,7 +146,7 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     corpus = open_corpus(b.data_dir, b.chunk_words, b.chunk_overlap_words)
     for name, why in corpus.skipped:
         print(f"hybrid-search: skipped {name}: {why}", file=sys.stderr)
-    manifest = build_index(engine, b, corpus, ray=ray)
+    manifest = build_index(engine, b, corpus, ray=ray, questions=_query_writer(settings))
     fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF"
     read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
     console.print(
@@ -162,6 +172,18 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _query_writer(settings: Settings):
+    """The chat server --llm-url names, asked once now (a clear error before any long work), or None."""
+    from index_build.adapt.generated import LLMServer, QueryWriter
+
+    a = settings.agents
+    if not a.llm_url or settings.build.adapt == "none":
+        return None
+    writer = QueryWriter(LLMServer(a.llm_url, a.llm_model, a.llm_api_key))
+    writer.probe()
+    return writer
+
+
 def _print_adaptation(index_dir: Path) -> None:
     from engine.fusion.graph import read_card
     from index_build.adapt import summary
@@ -176,7 +198,7 @@ def adapt(settings: Settings, args: argparse.Namespace) -> int:
     from index_build.adapt import adapt_index
 
     started = time.perf_counter()
-    adapt_index(settings.engine, settings.build)
+    adapt_index(settings.engine, settings.build, writer=_query_writer(settings))
     console.print(f"adapted [bold]{settings.engine.index_dir}[/] in {time.perf_counter() - started:.0f} s")
     _print_adaptation(Path(settings.engine.index_dir))
     console.print("a server already running on it serves the new stage after a restart")

@@ -84,7 +84,8 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
         from cli.index import build
 
-        build(settings, argparse.Namespace())
+        # serve's --llm-url is for answers: the build it starts asks it for no pseudo-queries
+        build(settings.with_values(llm_url=None), argparse.Namespace())
     if args.ray:
         ray_app().run_on_ray(settings, writable=not args.read_only)
         return 0

@@ -35,6 +35,7 @@ from engine.store.index_dir import (
 from engine.store.tokens import TextTokenizer, TextTokens
 from engine.text import chunk_text
 from index_build.adapt import FULL_MISSING, AdaptError, adapt_index
+from index_build.adapt.generated import QueryWriter
 from index_build.corpus import Corpus, open_corpus
 from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
@@ -51,12 +52,14 @@ def build_index(
     corpus: Corpus | None = None,
     progress: bool = True,
     ray: str | None = None,
+    questions: QueryWriter | None = None,
 ) -> Manifest:
     """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
 
     ``corpus``: default, what ``build.data_dir`` holds (a BEIR dataset or a folder of files).
     ``ray``: encode the corpus across the Ray cluster at this address ("local": start one); the
-    index is the same.
+    index is the same. ``questions``: a chat server whose questions join the adaptation's
+    pseudo-queries (``--llm-url``).
 
     With training judgments, the learned fusion is trained on the new index before the swap; without
     them, ``build.adapt`` learns from the documents (:mod:`index_build.adapt`) before the swap, so an
@@ -129,7 +132,7 @@ def build_index(
         if judged and settings.fusion != "rrf":
             train_fusion(settings.model_copy(update={"index_dir": tmp}), dataset, progress=progress)
         elif not judged and build.adapt != "none" and texts:
-            adapt_index(settings.model_copy(update={"index_dir": tmp}), build, progress=progress)
+            adapt_index(settings.model_copy(update={"index_dir": tmp}), build, progress=progress, writer=questions)
         _swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -42,6 +42,9 @@ class BuildSettings(BaseModel):
     adapt_queries: int = Field(
         600, ge=30, description="pseudo-queries --adapt makes (a third each: headings, first and inner sentences)"
     )
+    adapt_generated: int = Field(
+        200, ge=1, description="with --llm-url: chunks the chat server writes a question for, as more pseudo-queries"
+    )
     adapt_min_gain: float = Field(
         0.0, description="held-out pseudo-query nDCG@10 the adapted stage must beat RRF by to be served"
     )

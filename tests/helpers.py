@@ -4,16 +4,19 @@ A2A requests made and read the way the official clients do."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
+import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
 from agents.door_load import a2a_v03_send
-from benchmarks.reliability.server import CLI, ROOT
+from benchmarks.reliability.server import CLI, ROOT, free_port
 
 TOPICS = {
     "vitamin": "vitamin D supplements bone density falls elderly calcium",
@@ -114,3 +117,58 @@ def fails_to_serve(args: list[str]) -> str:
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr
     return run.stderr
+
+
+@contextlib.contextmanager
+def chat_completions_server(reply: Callable[[dict], str | None]) -> Iterator[tuple[str, list, Callable[[], None]]]:
+    """A stand-in for an OpenAI-compatible server on 127.0.0.1: the real chat-completions wire
+    format, ``reply(request body)`` as the assistant's text (None: a 500), every request body kept.
+    Yields its base URL (``.../v1``), the bodies, and a call that stops it early."""
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen: list[dict] = []
+
+    async def completions(request):
+        body = await request.json()
+        seen.append(body)
+        text = reply(body)
+        if text is None:
+            return JSONResponse({"error": {"message": "stand-in failure", "type": "server_error"}}, status_code=500)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{len(seen)}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49},
+            }
+        )
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    try:
+        yield f"http://127.0.0.1:{port}/v1", seen, stop
+    finally:
+        stop()

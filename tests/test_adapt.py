@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.reliability.server import free_port
 from engine.settings import EngineSettings
 from index_build.adapt import nearest
 from index_build.settings import BuildSettings
+from tests.helpers import chat_completions_server
 
 WORDS = (
     "soil river glacier copper lantern violin orchard harbor falcon meadow quartz cedar ember tundra canyon"
@@ -174,3 +176,60 @@ def test_the_graph_of_a_large_corpus_is_found_by_hnsw_close_to_the_exact_one():
     found = np.mean([len(set(a) & set(e)) / 5 for a, e in zip(approx, exact, strict=True)])
     assert found > 0.9, found
     assert np.all(np.diff(approx_sims, axis=1) <= 1e-6), "best first"
+
+
+def _question_writer(body: dict) -> str | None:
+    """A stand-in model: a question from three words of the passage it was sent, in the shapes real
+    models reply in (a "Question:" lead, quotes); a copied sentence for some, a failure for others."""
+    prompt = body["messages"][-1]["content"]
+    if "Passage:" not in prompt:
+        return "ok"  # the probe
+    passage = prompt.split("Passage:\n", 1)[1]
+    words = [w.strip(".,").lower() for w in passage.split() if w.strip(".,").isalpha()]
+    if len(words) % 7 == 0:
+        return None  # a server error for this one
+    if len(words) % 7 == 1:
+        return passage.split(". ")[1]  # a sentence of the passage copied: rejected
+    return f'Question: "Which notes discuss {words[3]} and {words[5]} near {words[8]}?"'
+
+
+def test_an_llm_server_writes_pseudo_queries(adapted_index, tmp_path):
+    """`adapt --llm-url` against a stand-in OpenAI-compatible server: its questions join the
+    pseudo-queries (held-out check and card), cleaned, copies rejected, failures counted."""
+    from cli.main import main
+
+    copy = tmp_path / "idx"
+    shutil.copytree(adapted_index, copy)
+    with chat_completions_server(_question_writer) as (url, seen, _):
+        code = main(["adapt", "--index-dir", str(copy), "--device", "cpu", "--adapt-queries", "60", "--adapt-generated",
+                     "16", "--adapt-min-gain", "-1", "--llm-url", url, "--llm-model", "tiny"])  # fmt: skip
+    assert code == 0
+    card = json.loads((copy / "adapt" / "adapt.json").read_text())
+    generation, generated = card["generation"], card["pseudo_queries"]["generated"]
+    assert generation["server"] == url and generation["model"] == "tiny" and generation["asked"] == 16
+    assert generation["kept"] + generation["rejected"] + generation["failed"] == 16
+    assert generation["kept"] == generated["count"] > 0 and generation["rejected"] > 0 and generation["failed"] > 0
+    assert all(e.startswith("Which notes discuss") and e.endswith("?") for e in generated["examples"])
+    assert {body["model"] for body in seen} == {"tiny"}
+    assert card["heldout"]["by_kind"]["generated"]["queries"] > 0
+
+
+def test_questions_are_cleaned_and_copies_rejected():
+    from index_build.adapt.generated import clean
+
+    passage = "Copper lanterns light the harbor. Falcons nest in the cedar canyon."
+    assert clean("Question: What lights a harbor at night?\nMore text", passage) == "What lights a harbor at night?"
+    assert clean('1. "Where do falcons nest?"', passage) == "Where do falcons nest?"
+    assert clean("Falcons nest in the cedar canyon.", passage) is None  # copied
+    assert clean("Why?", passage) is None and clean("", passage) is None
+
+
+def test_a_wrong_llm_url_fails_the_build_before_any_work(tmp_path, capsys):
+    from cli.main import main
+
+    folder = _write_folder(tmp_path / "files", files=2)
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    assert main(["build", "--data", str(folder), "--index-dir", str(tmp_path / "idx"), "--llm-url", nobody]) == 2
+    err = capsys.readouterr().err
+    assert f"--llm-url {nobody}: the chat server did not answer" in err
+    assert not (tmp_path / "idx").exists()

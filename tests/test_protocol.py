@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
-from tests.helpers import jsonrpc_send
+from tests.helpers import chat_completions_server, jsonrpc_send
 
 KEYS = {
     "System": "hsk-system-key-0123456789",
@@ -413,58 +413,14 @@ def test_trace_viewer_in_a_real_browser(protocol, tmp_path):
 
 @pytest.fixture
 def chat_server():
-    """A stand-in for an OpenAI-compatible server: the real chat-completions wire format, a fixed
-    answer citing the first context block, and every request kept for the test to read."""
-    import threading
+    """A stand-in chat server answering with a fixed text citing the first context block."""
 
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
-    seen = []
-
-    async def completions(request):
-        body = await request.json()
-        seen.append(body)
+    def reply(body: dict) -> str:
         first = body["messages"][-1]["content"].split("\n")[1]  # "[1] <first context block>"
-        return JSONResponse(
-            {
-                "id": "chatcmpl-1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": f"From the context: {first[4:40]} [1]"},
-                    }
-                ],
-                "usage": {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49},
-            }
-        )
+        return f"From the context: {first[4:40]} [1]"
 
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])]),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        pass
-
-    def stop():
-        server.should_exit = True
-        thread.join(timeout=10)
-
-    yield f"http://127.0.0.1:{port}/v1", seen, stop
-    stop()
+    with chat_completions_server(reply) as (url, seen, stop):
+        yield url, seen, stop
 
 
 def test_llm_backend_and_its_fallback(engine, chat_server, tmp_path):

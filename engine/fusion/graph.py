@@ -21,6 +21,7 @@ import numpy as np
 
 Ranking = list[tuple[str, float]]
 CARD_FILE = "adapt.json"  # the decision and its figures; written last, so a folder with it is complete
+CARD_SHOWN = ("mode", "served", "decision", "heldout", "generation")  # what /health shows of it
 GRAPH_FILE = "graph.npz"  # neighbours (store rows) and their cosines, one row per chunk at build
 
 

@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from engine import telemetry
 from engine.documents import Filters
-from engine.fusion.graph import AdaptedStageError, CorpusGraph, load_adapted
+from engine.fusion.graph import CARD_SHOWN, AdaptedStageError, CorpusGraph, load_adapted
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
 from engine.rerank.batching import RerankBatcher
@@ -307,7 +307,7 @@ class HybridEngine:
             else f"rrf + corpus graph ({graph.k} neighbours, weight {graph.weight})"
             if graph
             else "rrf",
-            "adapted": None if card is None else {k: card.get(k) for k in ("mode", "served", "decision", "heldout")},
+            "adapted": None if card is None else {k: card.get(k) for k in CARD_SHOWN},
             "similarity_score": "calibrated probability of relevance"
             if calibrated
             else "query-chunk cosine in 0-1, falling down the list; not a probability (no training judgments)",

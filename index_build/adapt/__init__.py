@@ -6,6 +6,8 @@ and by `hybrid-search adapt` on an index that grew since) does four things:
 1. makes pseudo-queries from the chunks (:mod:`index_build.adapt.pseudo`: headings, first
    sentences, inner sentences), each taken out of its own chunk in a **held-out view** of the
    corpus: a BM25 index and the dense vectors rebuilt with those chunks' text minus the query;
+   with a chat server (``--llm-url``), questions it writes for other chunks too
+   (:mod:`index_build.adapt.generated`);
 2. makes the corpus graph of the view (each chunk's nearest chunks by the dense vectors);
 3. fits the graph's neighbours and weight (:class:`engine.fusion.graph.CorpusGraph`) on one half of
    the pseudo-queries, RRF's nDCG@10 beside each;
@@ -38,6 +40,7 @@ from engine.retrieval.dense import encode
 from engine.retrieval.lucene import LuceneIndex
 from engine.settings import EngineSettings
 from engine.store.index_dir import ADAPT_DIR, FUSION_DIR
+from index_build.adapt.generated import QueryWriter
 from index_build.adapt.pseudo import KINDS, PseudoQuery, pseudo_queries, relevant
 from index_build.settings import BuildSettings
 from offline.evaluation import evaluate_run, paired_test
@@ -58,8 +61,11 @@ class AdaptError(ValueError):
     """An adaptation that cannot run as asked."""
 
 
-def adapt_index(settings: EngineSettings, build: BuildSettings, progress: bool = True) -> dict:
-    """Adapt the index in ``settings.index_dir`` (see the module); returns the card it wrote."""
+def adapt_index(
+    settings: EngineSettings, build: BuildSettings, progress: bool = True, writer: QueryWriter | None = None
+) -> dict:
+    """Adapt the index in ``settings.index_dir`` (see the module); returns the card it wrote.
+    ``writer``: a chat server's questions join the pseudo-queries (probe it before long work)."""
     from engine.search import HybridEngine
 
     if build.adapt == "full":
@@ -73,7 +79,7 @@ def adapt_index(settings: EngineSettings, build: BuildSettings, progress: bool =
     try:
         if engine.memory is not None or (index_dir / FUSION_DIR).is_dir():
             raise AdaptError(f"{index_dir} learned from judgments; adaptation is for an index without them")
-        card = _adapt(engine, settings, build, progress)
+        card = _adapt(engine, settings, build, progress, writer)
     finally:
         engine.close()
     card["seconds"] = round(time.perf_counter() - started, 1)
@@ -82,13 +88,20 @@ def adapt_index(settings: EngineSettings, build: BuildSettings, progress: bool =
     return card
 
 
-def _adapt(engine, settings: EngineSettings, build: BuildSettings, progress: bool) -> dict:
+def _adapt(engine, settings: EngineSettings, build: BuildSettings, progress: bool, writer: QueryWriter | None) -> dict:
     rows, vectors = engine.dense.vectors()
     units = [engine.dense.units[int(r)] for r in rows]
     chunks = engine.store.chunks(units)
     ordered = [chunks[u] for u in units]
     queries = pseudo_queries(ordered, build.adapt_queries)
+    generation = None
+    if writer is not None:
+        used = {q.unit_id for q in queries}
+        generated, generation = writer.write(ordered, build.adapt_generated, exclude=used, progress=progress)
+        queries += generated
     card: dict = {"mode": build.adapt, "chunks": len(units), "pseudo_queries": _sets(queries)}
+    if generation is not None:
+        card["generation"] = generation
     named = {f"q{i}": q for i, q in enumerate(queries)}  # in blocks of a kind: halves hold half of each
     fit, check = list(named)[0::2], list(named)[1::2]
     if len(check) < MIN_CHECK:
@@ -172,6 +185,7 @@ def _sets(queries: list[PseudoQuery]) -> dict:
             "examples": [q.text for q in queries if q.kind == kind][:3],
         }
         for kind in KINDS
+        if kind != "generated" or any(q.kind == kind for q in queries)
     }
 
 
@@ -288,6 +302,12 @@ def summary(card: dict) -> str:
     """The card in a few lines, for the command line."""
     sets = ", ".join(f"{v['count']} {k}" for k, v in card["pseudo_queries"].items())
     lines = [f"pseudo-queries: {sets}"]
+    made = card.get("generation")
+    if made:
+        lines.append(
+            f"questions from {made['server']} ({made['model']}): {made['kept']} kept of {made['asked']} asked"
+            f" ({made['rejected']} rejected, {made['failed']} failed), {made['seconds']} s"
+        )
     held = card.get("heldout")
     if held:
         kinds = "; ".join(f"{k} {v['rrf']:.4f} -> {v['adapted']:.4f}" for k, v in held["by_kind"].items())

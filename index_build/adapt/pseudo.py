@@ -1,6 +1,7 @@
 """Pseudo-queries from the documents' own structure, each held out of the chunk it came from.
 
-Three kinds, as a corpus without judgments offers them:
+Three kinds, as a corpus without judgments offers them (a fourth, ``generated``, when a chat server
+writes questions: :mod:`index_build.adapt.generated`):
 
 - ``heading``: a chunk's section heading (Markdown, HTML, DOCX: what the file readers found) or its
   title (a BEIR record's), against the chunk without it;
@@ -24,7 +25,8 @@ from pathlib import PurePath
 from engine.store.docstore import Chunk
 from engine.text import chunk_text, split_sentences
 
-KINDS = ("heading", "lead", "inner")
+STRUCTURE = ("heading", "lead", "inner")  # what the documents themselves give
+KINDS = (*STRUCTURE, "generated")
 FILE_NAME = re.compile(r"\.(pdf|md|markdown|txt|text|html?|docx|jsonl?)$", re.IGNORECASE)  # a name, not a title
 MIN_WORDS, MAX_WORDS = 3, 40  # a pseudo-query's length in words (a title can be short; a sentence is cut)
 
@@ -43,10 +45,10 @@ def pseudo_queries(chunks: Sequence[Chunk], n: int, seed: int = 0) -> list[Pseud
     order = list(range(len(chunks)))
     random.Random(seed).shuffle(order)
     rng = random.Random(seed + 1)
-    per_kind = max(1, n // len(KINDS))
-    made: dict[str, list[PseudoQuery]] = {kind: [] for kind in KINDS}
+    per_kind = max(1, n // len(STRUCTURE))
+    made: dict[str, list[PseudoQuery]] = {kind: [] for kind in STRUCTURE}
     for i in order:
-        wanted = [kind for kind in KINDS if len(made[kind]) < per_kind]
+        wanted = [kind for kind in STRUCTURE if len(made[kind]) < per_kind]
         if not wanted:
             break
         chunk = chunks[i]
@@ -56,7 +58,7 @@ def pseudo_queries(chunks: Sequence[Chunk], n: int, seed: int = 0) -> list[Pseud
             if query is not None:
                 made[kind].append(query)
                 break
-    return [q for kind in KINDS for q in made[kind]]
+    return [q for kind in STRUCTURE for q in made[kind]]
 
 
 def _make(kind: str, chunk: Chunk, rng: random.Random) -> PseudoQuery | None:

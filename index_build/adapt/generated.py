@@ -1,0 +1,146 @@
+"""Generated pseudo-queries: questions an OpenAI-compatible chat server writes for sampled chunks.
+
+The structural pseudo-queries (:mod:`index_build.adapt.pseudo`) are sentences and headings, not the
+short questions users type; what works in the literature (InPars, Promptagator) asks a language
+model for those. With `build --llm-url` (or `adapt --llm-url`), each of ``adapt_generated`` chunks
+drawn at random gets one question, kept when it is a question of 3 to 40 words in the model's own
+words (not a sentence of the chunk copied); the chunk it came from is its relevant chunk, and the
+chunk stays whole in the held-out view (the question took nothing out of it).
+
+The server is asked once before any work (:meth:`QueryWriter.probe`), so a wrong URL fails the
+command at once with the reason, not after the index is built; a chunk whose question fails later
+(after the client's retries) is counted and skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.store.docstore import Chunk
+from index_build.adapt.pseudo import MAX_WORDS, MIN_WORDS, PseudoQuery
+from offline.progress import track
+
+PROMPT = (
+    "Write one question that a person might type into a search engine and that the passage below answers."
+    " Use your own words, at most 20 words; do not copy a sentence of the passage. Reply with the question only."
+    "\n\nPassage:\n{passage}"
+)
+PASSAGE_CHARS = 2000  # what the server reads of a chunk: enough for a question, bounded for small models
+IN_FLIGHT = 4  # requests at once: a server batches them; one at a time would leave it idle between replies
+LEAD = re.compile(r"^\s*(?:question\s*:|q\s*:|\d+[.)]|[-*•])\s*", re.IGNORECASE)
+
+
+class GenerationError(ValueError):
+    """The chat server cannot write questions (unreachable, refused, or no usable reply)."""
+
+
+@dataclass(frozen=True)
+class LLMServer:
+    """An OpenAI-compatible chat server: its base URL (``.../v1``), the model name sent, its key."""
+
+    url: str
+    model: str = "default"
+    api_key: str | None = None
+
+
+class QueryWriter:
+    """Asks ``server`` for one question a chunk answers, several requests at once."""
+
+    def __init__(self, server: LLMServer, timeout_s: float = 60.0, max_retries: int = 2) -> None:
+        from openai import OpenAI
+
+        self.server = server
+        self.client = OpenAI(
+            base_url=server.url, api_key=server.api_key or "unused", timeout=timeout_s, max_retries=max_retries
+        )
+
+    def probe(self) -> None:
+        """One short request; :class:`GenerationError` naming the server and why when it fails."""
+        from openai import OpenAIError
+
+        try:
+            self._ask("Reply with the word ok.", max_tokens=5)
+        except (OpenAIError, IndexError) as exc:
+            raise GenerationError(
+                f"--llm-url {self.server.url}: the chat server did not answer ({type(exc).__name__}: {exc})"
+            ) from None
+
+    def write(
+        self, chunks: Sequence[Chunk], n: int, seed: int = 0, exclude: set[str] = frozenset(), progress: bool = True
+    ) -> tuple[list[PseudoQuery], dict]:
+        """About ``n`` generated pseudo-queries from distinct chunks drawn at random (``seed``), none of
+        them in ``exclude``; and their report (asked, kept, rejected, failed, seconds, queries/s)."""
+        from openai import OpenAIError
+
+        pool = [c for c in chunks if c.unit_id not in exclude]
+        drawn = random.Random(seed).sample(pool, min(n, len(pool)))
+        started = time.perf_counter()
+
+        def one(chunk: Chunk) -> str | Exception:
+            try:
+                return self._ask(PROMPT.format(passage=chunk.contents[:PASSAGE_CHARS]), max_tokens=64)
+            except (OpenAIError, IndexError) as exc:
+                return exc
+
+        made, rejected, failed, seen = [], 0, 0, set()
+        with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="llm-queries") as threads:
+            replies = threads.map(one, drawn)
+            for chunk, reply in track(
+                zip(drawn, replies, strict=True),
+                "questions from --llm-url",
+                "query",
+                total=len(drawn),
+                enabled=progress,
+            ):
+                if isinstance(reply, Exception):
+                    failed += 1
+                    continue
+                question = clean(reply, chunk.contents)
+                if question is None or question.lower() in seen:
+                    rejected += 1
+                    continue
+                seen.add(question.lower())
+                made.append(PseudoQuery("generated", question, chunk.unit_id, chunk.contents))
+        seconds = time.perf_counter() - started
+        if drawn and not made:
+            raise GenerationError(
+                f"--llm-url {self.server.url}: no usable question from {len(drawn)} chunks"
+                f" ({failed} requests failed, {rejected} replies rejected)"
+            )
+        report = {
+            "server": self.server.url,
+            "model": self.server.model,
+            "asked": len(drawn),
+            "kept": len(made),
+            "rejected": rejected,
+            "failed": failed,
+            "seconds": round(seconds, 1),
+            "queries_per_s": round(len(drawn) / seconds, 2) if seconds else None,
+        }
+        return made, report
+
+    def _ask(self, prompt: str, max_tokens: int) -> str:
+        reply = self.client.chat.completions.create(
+            model=self.server.model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
+        return reply.choices[0].message.content or ""
+
+
+def clean(reply: str, passage: str) -> str | None:
+    """The question in a reply (its first non-empty line, without a "Question:" or list marker and
+    quotes), or None when that is not 3-40 words or is a copy of text in the passage."""
+    line = next((line for line in reply.splitlines() if line.strip()), "")
+    question = LEAD.sub("", line).strip().strip("\"'“”`").strip()
+    if not MIN_WORDS <= len(question.split()) <= MAX_WORDS:
+        return None
+    if question.rstrip("?.").lower() in passage.lower():
+        return None
+    return question
