@@ -24,7 +24,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
@@ -32,6 +32,7 @@ from starlette.applications import Starlette
 
 from engine.documents import SearchRequest
 from engine.errors import ServiceError
+from serving.a2a_tasks import RecentTaskStore
 from serving.jsonrpc_guard import JsonRpcGuard
 from serving.replies import json_errors
 from serving.requests import BadRequest, validated
@@ -235,13 +236,14 @@ def build_a2a_app(
     timeout_s: float,
     solve: Callable[[dict], Awaitable[dict]] | None = None,
     max_body_bytes: int = 8 << 20,
+    tasks_kept: int = 10_000,
 ) -> JsonRpcGuard:
     """JSON-RPC at ``/`` (1.0 and 0.3) behind :class:`JsonRpcGuard`, the card at the well-known
-    path and at ``/``."""
+    path and at ``/``; the ``tasks_kept`` most recent tasks answer ``tasks/get``."""
     card = agent_card(url, solver=solve is not None)
     handler = DefaultRequestHandler(
         agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
-        task_store=InMemoryTaskStore(),
+        task_store=RecentTaskStore(tasks_kept),
         agent_card=card,
     )
     routes = [

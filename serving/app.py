@@ -128,6 +128,7 @@ def build_apps(
                 settings.serving.query_timeout_s,
                 service.solve if service else None,
                 settings.serving.max_body_bytes,
+                settings.serving.a2a_tasks_kept,
             ),
             settings.serving.a2a_port,
         )

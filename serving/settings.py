@@ -42,6 +42,9 @@ class ServingSettings(BaseModel):
     mcp_port: int = Field(8000, ge=0, le=65535, description="MCP + REST port")
     a2a_port: int = Field(9010, ge=0, le=65535, description="A2A purple agent port")
     public_url: MaybeStr = Field(None, description="A2A URL advertised in the agent card (default http(s)://HOST:PORT)")
+    a2a_tasks_kept: int = Field(
+        10_000, ge=1, description="A2A tasks kept for tasks/get (per process), the most recent; older ones are dropped"
+    )
     query_timeout_s: float = Field(30.0, gt=0, description="seconds a query may take before it fails")
     max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1, description="longest query a door accepts, in characters")
     max_in_flight: int = Field(

@@ -56,12 +56,17 @@ def engine(index_dir):
     return HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False))
 
 
+A2A_TASKS_KEPT = 30  # the server fixture's bound on A2A tasks, small enough for a test to pass it
+
+
 @pytest.fixture(scope="module")
 def server(index_dir, tmp_path_factory):
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
     proc = start_server(
-        serve_args(index_dir, mcp_port, "--query-timeout", "20", a2a_port=a2a_port),
+        serve_args(
+            index_dir, mcp_port, "--query-timeout", "20", "--a2a-tasks-kept", str(A2A_TASKS_KEPT), a2a_port=a2a_port
+        ),
         f"http://127.0.0.1:{mcp_port}/health",
         log,
     )

@@ -282,6 +282,24 @@ def test_a2a_v1_client_text_and_data_parts(server):
     assert sorted(only_doc_ids(a2a_v1_send(server["a2a"], [new_data_part(narrowed)]))) == ["D-meat-2", "D-soy-1"]
 
 
+def test_a2a_keeps_the_most_recent_tasks_and_drops_the_oldest(server):
+    """A task answers ``tasks/get`` while among the ``--a2a-tasks-kept`` most recent; past them it is
+    dropped ("task not found"), so the process does not grow with every query it answers."""
+    from a2a.types.a2a_pb2 import Part
+
+    from tests.conftest import A2A_TASKS_KEPT
+
+    def get(task_id: str) -> dict:
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task_id}}
+        return httpx.post(server["a2a"] + "/", json=request, timeout=30).json()
+
+    first = a2a_v1_send(server["a2a"], [Part(text="arsenic in rice")])
+    assert get(first.id)["result"]["id"] == first.id
+    tasks = [a2a_v1_send(server["a2a"], [Part(text=f"broccoli sulforaphane {i}")]) for i in range(A2A_TASKS_KEPT)]
+    assert get(first.id)["error"]["code"] == -32001  # TaskNotFoundError: the oldest was dropped
+    assert all(get(task.id)["result"]["id"] == task.id for task in tasks)  # the most recent are all kept
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
