@@ -20,11 +20,12 @@ from a2a.helpers.proto_helpers import (
     new_task_from_user_message,
     new_text_part,
 )
-from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.agent_execution import AgentExecutor, RequestContext, SimpleRequestContextBuilder
 from a2a.server.events import EventQueue
+from a2a.server.id_generator import IDGenerator
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import TaskUpdater
+from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
@@ -236,15 +237,19 @@ def build_a2a_app(
     timeout_s: float,
     solve: Callable[[dict], Awaitable[dict]] | None = None,
     max_body_bytes: int = 8 << 20,
-    tasks_kept: int = 10_000,
+    tasks: TaskStore | None = None,
+    task_ids: IDGenerator | None = None,
 ) -> JsonRpcGuard:
     """JSON-RPC at ``/`` (1.0 and 0.3) behind :class:`JsonRpcGuard`, the card at the well-known
-    path and at ``/``; the ``tasks_kept`` most recent tasks answer ``tasks/get``."""
+    path and at ``/``. ``tasks``: where tasks are kept (default: the 10,000 most recent, in memory);
+    ``task_ids``: how new ones are named (default: random UUIDs)."""
     card = agent_card(url, solver=solve is not None)
+    tasks = tasks if tasks is not None else RecentTaskStore(10_000)
     handler = DefaultRequestHandler(
         agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
-        task_store=RecentTaskStore(tasks_kept),
+        task_store=tasks,
         agent_card=card,
+        request_context_builder=SimpleRequestContextBuilder(task_store=tasks, task_id_generator=task_ids),
     )
     routes = [
         *create_agent_card_routes(card),

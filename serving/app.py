@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serving import rest, telemetry
 from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
+from serving.a2a_tasks import RecentTaskStore, WorkerTasks
 from serving.asgi import route_path
 from serving.mcp_events import RETRY_MS, RecentEvents
 from serving.mcp_tool import build_mcp_server
@@ -100,12 +101,14 @@ def build_apps(
     mcp_url: str | None = None,
     writable: bool = False,
     service: SearchService | None = None,
+    tasks: WorkerTasks | None = None,
 ):
     """The ASGI apps to serve, with the engine loaded now so no request pays for loading.
 
     ``service``: one built by the caller (a Ray replica's, around an engine whose reranker is a
     deployment; a worker's of ``serve --workers N``); MCP is then stateless, since any replica or
-    worker may take a session's next request."""
+    worker may take a session's next request. ``tasks``: a worker's A2A tasks, reachable from its
+    siblings (default: this process's ``--a2a-tasks-kept`` most recent)."""
     telemetry.install(settings)  # once per process: spans, and their export with --otlp-endpoint
     stateless = service is not None
     ports = door_ports(settings, mcp, a2a, mcp_url)
@@ -128,7 +131,8 @@ def build_apps(
                 settings.serving.query_timeout_s,
                 service.solve if service else None,
                 settings.serving.max_body_bytes,
-                settings.serving.a2a_tasks_kept,
+                tasks or RecentTaskStore(settings.serving.a2a_tasks_kept),
+                tasks.ids if tasks else None,
             ),
             settings.serving.a2a_port,
         )

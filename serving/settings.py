@@ -65,9 +65,10 @@ class ServingSettings(BaseModel):
     workers: int = Field(
         1,
         ge=0,
+        le=256,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
-        " each gets cores / N threads; 0 = one for every two cores (8 on 16). Past one, MCP is stateless, A2A"
-        " tasks and rate limits are per process, and each holds its own copy of the engine (docs/configuration.md)",
+        " each gets cores / N threads; 0 = one for every two cores (8 on 16). Past one, MCP is stateless, rate"
+        " limits are per process, and each holds its own copy of the engine (docs/configuration.md)",
     )
     shared_reranker: Literal["auto", "on", "off"] = Field(
         "auto",

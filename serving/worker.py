@@ -5,8 +5,8 @@ siblings call it on, and /health and /metrics that speak for the workers as a wh
 What stays per worker, as on Ray's replicas: admission (``--max-in-flight`` and ``--max-queue``
 hold in each worker), agents' rate limits, the reranker's score cache, MCP sessions (served
 stateless: a session's next request may reach another worker, so there are no resumable streams)
-and A2A tasks (``tasks/get`` finds only the tasks of the worker that answers it). The ``/v1``
-trace store is one SQLite file that every worker writes.
+and A2A tasks (kept by the worker that ran them; another worker asks it over the channel,
+:mod:`serving.a2a_tasks`). The ``/v1`` trace store is one SQLite file that every worker writes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from serving import telemetry
+from serving.a2a_tasks import WorkerTasks
 from serving.app import build_apps, door_ports, serve_apps
 from serving.reranker_process import SharedReranker
 from serving.search_service import SearchService
@@ -113,8 +114,10 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) ->
             settings = settings.with_values(checkpoint_bytes=0)
         engine_door = "mcp" in door_ports(settings, doors.mcp, doors.a2a, doors.mcp_url)  # REST, beside the engine
         service = WorkerService(settings, seat) if engine_door else None
-        _, apps = build_apps(settings, doors.mcp, doors.a2a, doors.mcp_url, service=service)
-        channel = ChannelServer(seat.channel, seat.index, service.handlers()) if service else None
+        tasks = _tasks(settings, seat) if service and doors.a2a else None
+        _, apps = build_apps(settings, doors.mcp, doors.a2a, doors.mcp_url, service=service, tasks=tasks)
+        handlers = {**service.handlers(), **({"a2a_task": tasks.answer} if tasks else {})} if service else {}
+        channel = ChannelServer(seat.channel, seat.index, handlers) if service else None
         # listening only now: until its engine is loaded, a worker takes no connections
         sockets = {door: bind(settings.serving.host, port, listen=True) for door, (_, port) in apps.items()}
     except Exception as exc:
@@ -130,6 +133,16 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) ->
         if service is not None:
             service.close()
         telemetry.shutdown()
+
+
+def _tasks(settings: Settings, seat: Seat) -> WorkerTasks:
+    """This worker's A2A tasks; a sibling's are asked for over the channel."""
+    timeout_s = settings.serving.query_timeout_s
+
+    def ask(worker: int, *args) -> object:
+        return call(seat.channel, worker, "a2a_task", *args, timeout_s=timeout_s)
+
+    return WorkerTasks(settings.serving.a2a_tasks_kept, seat.index, ask)
 
 
 def _stop_with_supervisor() -> None:

@@ -159,6 +159,23 @@ def test_mcp_and_a2a_answer_from_both_workers_and_mcp_writes_reach_both(workers)
 
 
 @pytest.mark.slow
+def test_an_a2a_task_is_found_from_either_worker(workers):
+    """``tasks/get`` over new connections (which the port spreads over both workers) finds every
+    task, whichever worker ran it: its id names that worker, and the other one asks it."""
+    from a2a.helpers.proto_helpers import new_data_part
+
+    from serving.a2a_tasks import worker_of
+
+    tasks = [a2a_v1_send(workers["a2a"], [new_data_part({"query": "soy isoflavones", "top_k": 3})]) for _ in range(12)]
+    assert {worker_of(task.id) for task in tasks} == {0, 1}  # both ran some (all on one: p = 2^-11)
+    for task in tasks:
+        for _ in range(3):  # a new connection each: about half reach the worker that did not run it
+            request = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": task.id}}
+            found = httpx.post(workers["a2a"] + "/", json=request, timeout=30).json()
+            assert found["result"]["id"] == task.id, found
+            assert found["result"]["artifacts"][0]["parts"][0]["data"]["doc_ids"][0].startswith("D-soy"), found
+
+
 def test_a_killed_follower_leaves_the_other_answering_and_comes_back(workers):
     url = workers["url"]
     pids = workers_up(url)
