@@ -66,6 +66,12 @@ class JudgmentMemory:
             for doc_id in judged:
                 judged_by.setdefault(doc_id, []).append(row)
         self._judged_by = {doc_id: np.array(rows) for doc_id, rows in judged_by.items()}
+        # each row's judgments as arrays over the judged documents sorted by id (a position's order
+        # is the id's, which breaks ties): the votes are a weighted bincount, not a loop in Python
+        self._docs = sorted(judged_by)
+        position = {doc_id: i for i, doc_id in enumerate(self._docs)}
+        self._voted = [np.array([position[d] for d in judged], dtype=np.int64) for judged in self.judgments]
+        self._grades = [np.array(list(judged.values()), dtype=np.float64) for judged in self.judgments]
 
     def search(
         self,
@@ -87,15 +93,16 @@ class JudgmentMemory:
             sims[self._rows[exclude]] = -1.0
         n = min(neighbors or self.neighbors, len(sims))
         nearest = np.argpartition(-sims, n - 1)[:n]
-        votes: dict[str, float] = {}
-        for row in nearest:
-            weight = float(max(sims[row], 0.0)) ** 2
-            for doc_id, grade in self.judgments[row].items():
-                if allowed is not None and doc_id not in allowed:
-                    continue
-                votes[doc_id] = votes.get(doc_id, 0.0) + weight * grade
-        ranked = sorted(votes.items(), key=lambda item: (-item[1], item[0]))
-        return [(d, s) for d, s in ranked[:k] if s > 0]
+        weights = np.maximum(sims[nearest].astype(np.float64), 0.0) ** 2
+        # summed in the order of the nearest rows and of each row's judgments, as a loop would add them
+        voted = np.concatenate([self._voted[row] for row in nearest])
+        scores = np.concatenate([w * self._grades[row] for w, row in zip(weights, nearest, strict=True)])
+        votes = np.bincount(voted, weights=scores, minlength=len(self._docs))
+        found = np.flatnonzero(votes > 0)
+        if allowed is not None:
+            found = found[[self._docs[i] in allowed for i in found]] if len(found) else found
+        best = found[np.lexsort((found, -votes[found]))][:k]  # by vote, ties by id
+        return [(self._docs[i], float(votes[i])) for i in best]
 
     def cited_for(self, vector: np.ndarray, doc_id: str, n: int, exclude: str | None = None) -> str:
         """The training queries that judged ``doc_id`` relevant, the ``n`` most similar to ``vector``
