@@ -16,7 +16,8 @@ from serving.settings import Settings
 console = Console()
 ADAPT_HELP = {
     "llm_url": "OpenAI-compatible chat server, e.g. http://127.0.0.1:8080/v1: --adapt asks it for a question each of"
-    " --adapt-generated chunks answers, as more pseudo-queries (asked once first, so a wrong URL fails at once)",
+    " --adapt-generated chunks answers, as more pseudo-queries (asked once first, so a wrong URL fails at once;"
+    " none: not even HYBRID_SEARCH_LLM_URL's)",
     "llm_model": 'model name sent to that server (default "default")',
 }
 ADAPT_SETTINGS = ["adapt", "adapt_queries", "adapt_generated", "adapt_min_gain", "llm_url", "llm_model", "llm_api_key"]
