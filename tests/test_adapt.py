@@ -214,6 +214,24 @@ def test_an_llm_server_writes_pseudo_queries(adapted_index, tmp_path):
     assert card["heldout"]["by_kind"]["generated"]["queries"] > 0
 
 
+def test_a_server_that_fails_after_its_probe_leaves_the_documents_own_pseudo_queries(adapted_index, tmp_path):
+    from cli.main import main
+
+    copy = tmp_path / "idx"
+    shutil.copytree(adapted_index, copy)
+
+    def probe_only(body: dict) -> str | None:
+        return None if "Passage:" in body["messages"][-1]["content"] else "ok"  # every question fails
+
+    with chat_completions_server(probe_only) as (url, _, _):
+        code = main(["adapt", "--index-dir", str(copy), "--device", "cpu", "--adapt-queries", "60",
+                     "--adapt-generated", "8", "--llm-url", url])  # fmt: skip
+    assert code == 0
+    card = json.loads((copy / "adapt" / "adapt.json").read_text())
+    assert card["generation"]["asked"] == card["generation"]["failed"] == 8 and card["generation"]["kept"] == 0
+    assert set(card["pseudo_queries"]) == {"heading", "lead", "inner"} and card["heldout"]["queries"] >= 20
+
+
 def test_questions_are_cleaned_and_copies_rejected():
     from index_build.adapt.generated import clean
 

@@ -9,15 +9,17 @@ chunk stays whole in the held-out view (the question took nothing out of it).
 
 The server is asked once before any work (:meth:`QueryWriter.probe`), so a wrong URL fails the
 command at once with the reason, not after the index is built; a chunk whose question fails later
-(after the client's retries) is counted and skipped.
+(after the client's retries) is counted and skipped, and a server that fails them all leaves the
+adaptation to the documents' own pseudo-queries, with a warning, rather than lose the build.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,6 +27,7 @@ from engine.store.docstore import Chunk
 from index_build.adapt.pseudo import MAX_WORDS, MIN_WORDS, PseudoQuery
 from offline.progress import track
 
+log = logging.getLogger(__name__)
 PROMPT = (
     "Write one question that a person might type into a search engine and that the passage below answers."
     " Use your own words, at most 20 words; do not copy a sentence of the passage. Reply with the question only."
@@ -71,7 +74,7 @@ class QueryWriter:
             ) from None
 
     def write(
-        self, chunks: Sequence[Chunk], n: int, seed: int = 0, exclude: set[str] = frozenset(), progress: bool = True
+        self, chunks: Sequence[Chunk], n: int, seed: int = 0, exclude: Set[str] = frozenset(), progress: bool = True
     ) -> tuple[list[PseudoQuery], dict]:
         """About ``n`` generated pseudo-queries from distinct chunks drawn at random (``seed``), none of
         them in ``exclude``; and their report (asked, kept, rejected, failed, seconds, queries/s)."""
@@ -107,10 +110,13 @@ class QueryWriter:
                 seen.add(question.lower())
                 made.append(PseudoQuery("generated", question, chunk.unit_id, chunk.contents))
         seconds = time.perf_counter() - started
-        if drawn and not made:
-            raise GenerationError(
-                f"--llm-url {self.server.url}: no usable question from {len(drawn)} chunks"
-                f" ({failed} requests failed, {rejected} replies rejected)"
+        if drawn and not made:  # the server broke after the probe: adapt on the documents' own pseudo-queries
+            log.warning(
+                "--llm-url %s: no usable question from %d chunks (%d requests failed, %d replies rejected)",
+                self.server.url,
+                len(drawn),
+                failed,
+                rejected,
             )
         report = {
             "server": self.server.url,
