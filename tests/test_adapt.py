@@ -232,6 +232,40 @@ def test_a_server_that_fails_after_its_probe_leaves_the_documents_own_pseudo_que
     assert set(card["pseudo_queries"]) == {"heading", "lead", "inner"} and card["heldout"]["queries"] >= 20
 
 
+def test_a_generated_question_on_a_structural_querys_chunk_keeps_that_hold_out(adapted_index):
+    """In a small corpus the structural pseudo-queries take every chunk, so questions are asked of
+    the same chunks; a question takes nothing out, and the structural query's text stays out."""
+    from engine.retrieval.dense import encode
+    from engine.search import HybridEngine
+    from index_build.adapt import HeldOutView
+    from index_build.adapt.generated import LLMServer, QueryWriter
+    from index_build.adapt.pseudo import pseudo_queries
+
+    engine = HybridEngine(EngineSettings(index_dir=adapted_index, device="cpu", rerank=False, adapted=False))
+    rows, vectors = engine.dense.vectors()
+    units = [engine.dense.units[int(r)] for r in rows]
+    chunks = engine.store.chunks(units)
+    ordered = [chunks[u] for u in units]
+    structural = pseudo_queries(ordered, 600)  # more than the corpus has: every chunk it can use
+    with chat_completions_server(_question_writer) as (url, _, _):
+        writer = QueryWriter(LLMServer(url), max_retries=0)
+        generated, report = writer.write(ordered, 200, exclude={q.unit_id for q in structural}, progress=False)
+    assert report["asked"] == min(200, len(ordered)) and generated
+    asked = {g.unit_id for g in generated}
+    shared = [q for q in structural if q.unit_id in asked and q.held_out != chunks[q.unit_id].contents]
+    assert shared, "some chunks hold both kinds"
+    view = HeldOutView(engine, engine.settings, units, vectors, structural + generated, progress=False)
+    try:
+        position = {u: i for i, u in enumerate(units)}
+        held_out = encode(engine.dense.encoder, [q.held_out for q in shared], 32)
+        for q, expected in zip(shared, held_out, strict=True):  # the chunk without the query's text, not whole
+            assert np.allclose(view.vectors[position[q.unit_id]], expected, atol=1e-5)
+            assert not np.allclose(view.vectors[position[q.unit_id]], vectors[position[q.unit_id]], atol=1e-5)
+    finally:
+        view.close()
+        engine.close()
+
+
 def test_questions_are_cleaned_and_copies_rejected():
     from index_build.adapt.generated import clean
 

@@ -195,7 +195,7 @@ class HeldOutView:
 
     def __init__(self, engine, settings: EngineSettings, units, vectors, queries, progress: bool) -> None:
         self.settings, self.units = settings, units
-        changed = {q.unit_id: q.held_out for q in queries}
+        changed = {q.unit_id: q.held_out for q in queries if q.held_out is not None}
         position = {u: i for i, u in enumerate(units)}
         self.folder = Path(tempfile.mkdtemp(prefix="adapt-heldout-"))
         chunks = engine.store.chunks(units)

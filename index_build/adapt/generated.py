@@ -4,8 +4,10 @@ The structural pseudo-queries (:mod:`index_build.adapt.pseudo`) are sentences an
 short questions users type; what works in the literature (InPars, Promptagator) asks a language
 model for those. With `build --llm-url` (or `adapt --llm-url`), each of ``adapt_generated`` chunks
 drawn at random gets one question, kept when it is a question of 3 to 40 words in the model's own
-words (not a sentence of the chunk copied); the chunk it came from is its relevant chunk, and the
-chunk stays whole in the held-out view (the question took nothing out of it).
+words (not a sentence of the chunk copied); the chunk it came from is its relevant chunk. The
+question takes nothing out of its chunk in the held-out view. The chunks are others than the
+structural pseudo-queries' where the corpus has enough; in a small corpus some are shared, and the
+view then lacks only the heading or sentence the structural query took.
 
 The server is asked once before any work (:meth:`QueryWriter.probe`), so a wrong URL fails the
 command at once with the reason, not after the index is built; a chunk whose question fails later
@@ -76,12 +78,16 @@ class QueryWriter:
     def write(
         self, chunks: Sequence[Chunk], n: int, seed: int = 0, exclude: Set[str] = frozenset(), progress: bool = True
     ) -> tuple[list[PseudoQuery], dict]:
-        """About ``n`` generated pseudo-queries from distinct chunks drawn at random (``seed``), none of
-        them in ``exclude``; and their report (asked, kept, rejected, failed, seconds, queries/s)."""
+        """About ``n`` generated pseudo-queries from distinct chunks drawn at random (``seed``), those
+        in ``exclude`` (the structural pseudo-queries' own) only when the others are too few; and
+        their report (asked, kept, rejected, failed, seconds, queries/s)."""
         from openai import OpenAIError
 
-        pool = [c for c in chunks if c.unit_id not in exclude]
-        drawn = random.Random(seed).sample(pool, min(n, len(pool)))
+        rng = random.Random(seed)
+        fresh = [c for c in chunks if c.unit_id not in exclude]
+        used = [c for c in chunks if c.unit_id in exclude]
+        drawn = rng.sample(fresh, min(n, len(fresh)))
+        drawn += rng.sample(used, min(n - len(drawn), len(used)))
         started = time.perf_counter()
 
         def one(chunk: Chunk) -> str | Exception:
@@ -108,7 +114,7 @@ class QueryWriter:
                     rejected += 1
                     continue
                 seen.add(question.lower())
-                made.append(PseudoQuery("generated", question, chunk.unit_id, chunk.contents))
+                made.append(PseudoQuery("generated", question, chunk.unit_id, None))
         seconds = time.perf_counter() - started
         if drawn and not made:  # the server broke after the probe: adapt on the documents' own pseudo-queries
             log.warning(

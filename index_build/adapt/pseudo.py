@@ -36,7 +36,7 @@ class PseudoQuery:
     kind: str
     text: str
     unit_id: str  # the chunk it came from
-    held_out: str  # that chunk's contents without it
+    held_out: str | None  # that chunk's contents without it (None: nothing taken out, a generated question)
 
 
 def pseudo_queries(chunks: Sequence[Chunk], n: int, seed: int = 0) -> list[PseudoQuery]:
