@@ -6,12 +6,16 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from cli.flags import WHERE, add_settings
 from engine.store.index_dir import ADAPT_DIR, FUSION_DIR, MANIFEST_FILE
 from serving.settings import Settings
+
+if TYPE_CHECKING:
+    from index_build.adapt.generated import QueryWriter
 
 console = Console()
 ADAPT_HELP = {
@@ -147,7 +151,8 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     corpus = open_corpus(b.data_dir, b.chunk_words, b.chunk_overlap_words)
     for name, why in corpus.skipped:
         print(f"hybrid-search: skipped {name}: {why}", file=sys.stderr)
-    manifest = build_index(engine, b, corpus, ray=ray, questions=_query_writer(settings))
+    judged = corpus.dataset is not None and corpus.dataset.training_split() is not None  # no adaptation then
+    manifest = build_index(engine, b, corpus, ray=ray, questions=None if judged else _query_writer(settings))
     fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF"
     read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
     console.print(
@@ -173,13 +178,14 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _query_writer(settings: Settings):
+def _query_writer(settings: Settings) -> QueryWriter | None:
     """The chat server --llm-url names, asked once now (a clear error before any long work), or None."""
     from index_build.adapt.generated import LLMServer, QueryWriter
 
     a = settings.agents
     if not a.llm_url or settings.build.adapt == "none":
         return None
+    console.print(f"asking {a.llm_url} ({a.llm_model}) for questions about the documents (--llm-url)")
     writer = QueryWriter(LLMServer(a.llm_url, a.llm_model, a.llm_api_key))
     writer.probe()
     return writer

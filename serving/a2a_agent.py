@@ -33,7 +33,6 @@ from starlette.applications import Starlette
 
 from engine.documents import SearchRequest
 from engine.errors import ServiceError
-from serving.a2a_tasks import RecentTaskStore
 from serving.jsonrpc_guard import JsonRpcGuard
 from serving.replies import json_errors
 from serving.requests import BadRequest, validated
@@ -237,14 +236,14 @@ def build_a2a_app(
     timeout_s: float,
     solve: Callable[[dict], Awaitable[dict]] | None = None,
     max_body_bytes: int = 8 << 20,
-    tasks: TaskStore | None = None,
+    *,
+    tasks: TaskStore,
     task_ids: IDGenerator | None = None,
 ) -> JsonRpcGuard:
     """JSON-RPC at ``/`` (1.0 and 0.3) behind :class:`JsonRpcGuard`, the card at the well-known
-    path and at ``/``. ``tasks``: where tasks are kept (default: the 10,000 most recent, in memory);
-    ``task_ids``: how new ones are named (default: random UUIDs)."""
+    path and at ``/``. ``tasks``: where tasks are kept; ``task_ids``: how new ones are named
+    (default: random UUIDs)."""
     card = agent_card(url, solver=solve is not None)
-    tasks = tasks if tasks is not None else RecentTaskStore(10_000)
     handler = DefaultRequestHandler(
         agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
         task_store=tasks,

@@ -22,7 +22,6 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
@@ -31,8 +30,9 @@ from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types.a2a_pb2 import ListTasksRequest, ListTasksResponse, Task
 
+from serving.settings import MAX_WORKERS
+
 log = logging.getLogger(__name__)
-MAX_WORKERS = 256  # a worker's index fits the id's last byte
 
 
 class RecentTaskStore(TaskStore):
@@ -63,9 +63,6 @@ class RecentTaskStore(TaskStore):
         self._recent.pop((resolve_user_scope(context), task_id), None)
         await self._store.delete(task_id, context)
 
-    def __len__(self) -> int:
-        return len(self._recent)
-
 
 class WorkerIds(IDGenerator):
     """Version-4 UUIDs whose last byte is the worker's index."""
@@ -87,13 +84,21 @@ def worker_of(task_id: str) -> int | None:
         return None
 
 
-class WorkerTasks(TaskStore):
-    """One worker's tasks (a :class:`RecentTaskStore`), and its siblings' reached through ``ask``
-    (``ask(worker, operation, task id, owner, task bytes)``, a call over the workers' channel; it
-    raises ``ConnectionError`` while that worker is down). ``tasks/list`` lists this worker's own."""
+Ask = Callable[[int, str, str, str, bytes | None], bytes | None]  # (worker, operation, task id, owner, task)
+ANSWER_TIMEOUT_S = 2.0  # a sibling's lookup in memory; past this the door's loop is stuck or stopping
 
-    def __init__(self, max_tasks: int, index: int, ask: Callable[[int, str, str, str, bytes | None], Any]) -> None:
-        self.local, self.index, self.ids, self._ask = RecentTaskStore(max_tasks), index, WorkerIds(index), ask
+
+class WorkerTasks(TaskStore):
+    """One worker's tasks (a :class:`RecentTaskStore`), and its siblings' reached through ``ask``, a
+    call over the workers' channel that raises ``ConnectionError`` while that worker is down. An id
+    that names no sibling (not one of ours) is looked up here; ``tasks/list`` lists this worker's own.
+    A task is cancelled where it runs: ``tasks/cancel`` reaching another worker marks it cancelled
+    without stopping it."""
+
+    def __init__(self, max_tasks: int, index: int, count: int, ask: Ask) -> None:
+        self.local = RecentTaskStore(max_tasks)
+        self.index, self.count, self.ids = index, count, WorkerIds(index)
+        self._ask = ask
         self._loop: asyncio.AbstractEventLoop | None = None  # the door's, where the local store is used
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
@@ -119,7 +124,8 @@ class WorkerTasks(TaskStore):
             await self.local.delete(task_id, context)
 
     def answer(self, operation: str, task_id: str, owner: str, task: bytes | None) -> bytes | None:
-        """A sibling's call (on the channel's thread): run it on the local store, in the door's loop."""
+        """A sibling's call (on the channel's thread): run it on the local store, in the door's loop
+        (None: not found, or this worker is stopping)."""
         if self._loop is None:
             return None  # no A2A request has reached this worker: it holds no task
         context = ServerCallContext(user=_Owner(owner))
@@ -127,16 +133,28 @@ class WorkerTasks(TaskStore):
             work = self.local.get(task_id, context)
         elif operation == "save":
             work = self.local.save(Task.FromString(task), context)
-        else:
+        elif operation == "delete":
             work = self.local.delete(task_id, context)
-        found = asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        else:
+            raise ValueError(f"no task operation {operation!r}")
+        try:
+            future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        except RuntimeError:  # the loop has closed: this worker is stopping, its tasks with it
+            work.close()
+            return None
+        try:
+            found = future.result(timeout=ANSWER_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            log.warning("A2A task %s: a sibling's %s found this worker's door stuck; not done", task_id, operation)
+            return None
         return found.SerializeToString() if isinstance(found, Task) else None
 
     def _owner(self, task_id: str) -> int | None:
         """The sibling that holds ``task_id`` (None: this worker)."""
         self._loop = asyncio.get_running_loop()
         owner = worker_of(task_id)
-        return None if owner is None or owner == self.index else owner
+        return owner if owner is not None and owner != self.index and owner < self.count else None
 
     async def _sibling(
         self, task_id: str, operation: str, context: ServerCallContext, task: Task | None = None

@@ -131,8 +131,8 @@ def build_apps(
                 settings.serving.query_timeout_s,
                 service.solve if service else None,
                 settings.serving.max_body_bytes,
-                tasks or RecentTaskStore(settings.serving.a2a_tasks_kept),
-                tasks.ids if tasks else None,
+                tasks=tasks if tasks is not None else RecentTaskStore(settings.serving.a2a_tasks_kept),
+                task_ids=tasks.ids if tasks is not None else None,
             ),
             settings.serving.a2a_port,
         )

@@ -30,6 +30,7 @@ from engine.settings import EngineSettings, MaybePath, MaybeStr
 from index_build.settings import BuildSettings
 
 ENV_PREFIX = "HYBRID_SEARCH_"
+MAX_WORKERS = 256  # a worker's index fits one byte of its A2A task ids (serving/a2a_tasks.py)
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("config_file", default=None)  # what Settings.load was given
 
 
@@ -65,7 +66,7 @@ class ServingSettings(BaseModel):
     workers: int = Field(
         1,
         ge=0,
-        le=256,
+        le=MAX_WORKERS,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
         " each gets cores / N threads; 0 = one for every two cores (8 on 16). Past one, MCP is stateless, rate"
         " limits are per process, and each holds its own copy of the engine (docs/configuration.md)",
@@ -80,7 +81,7 @@ class ServingSettings(BaseModel):
 
     def worker_count(self) -> int:
         """``workers``, with 0 resolved from the cores this process may use."""
-        return self.workers or max(1, len(os.sched_getaffinity(0)) // 2)
+        return self.workers or min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0)) // 2))
 
 
 class SecuritySettings(BaseModel):

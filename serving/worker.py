@@ -34,6 +34,7 @@ from serving.workers import Doors, Seat, bind
 
 log = logging.getLogger(__name__)
 SIBLING_METRICS_TIMEOUT_S = 2.0
+SIBLING_TASK_TIMEOUT_S = 2.0  # a task lookup in a sibling's memory: a stuck sibling must not hold a thread long
 
 
 class WorkerService(SearchService):
@@ -137,12 +138,11 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) ->
 
 def _tasks(settings: Settings, seat: Seat) -> WorkerTasks:
     """This worker's A2A tasks; a sibling's are asked for over the channel."""
-    timeout_s = settings.serving.query_timeout_s
 
-    def ask(worker: int, *args) -> object:
-        return call(seat.channel, worker, "a2a_task", *args, timeout_s=timeout_s)
+    def ask(worker: int, *args) -> bytes | None:
+        return call(seat.channel, worker, "a2a_task", *args, timeout_s=SIBLING_TASK_TIMEOUT_S)
 
-    return WorkerTasks(settings.serving.a2a_tasks_kept, seat.index, ask)
+    return WorkerTasks(settings.serving.a2a_tasks_kept, seat.index, seat.count, ask)
 
 
 def _stop_with_supervisor() -> None:

@@ -216,6 +216,7 @@ def test_an_llm_server_writes_pseudo_queries(adapted_index, tmp_path):
 
 def test_a_server_that_fails_after_its_probe_leaves_the_documents_own_pseudo_queries(adapted_index, tmp_path):
     from cli.main import main
+    from index_build.adapt.generated import GIVE_UP_AFTER
 
     copy = tmp_path / "idx"
     shutil.copytree(adapted_index, copy)
@@ -228,7 +229,8 @@ def test_a_server_that_fails_after_its_probe_leaves_the_documents_own_pseudo_que
                      "--adapt-generated", "8", "--llm-url", url])  # fmt: skip
     assert code == 0
     card = json.loads((copy / "adapt" / "adapt.json").read_text())
-    assert card["generation"]["asked"] == card["generation"]["failed"] == 8 and card["generation"]["kept"] == 0
+    assert card["generation"]["asked"] == card["generation"]["failed"] == GIVE_UP_AFTER  # then it stops asking
+    assert card["generation"]["kept"] == 0
     assert set(card["pseudo_queries"]) == {"heading", "lead", "inner"} and card["heldout"]["queries"] >= 20
 
 
@@ -264,6 +266,16 @@ def test_a_generated_question_on_a_structural_querys_chunk_keeps_that_hold_out(a
     finally:
         view.close()
         engine.close()
+
+
+def test_a_build_with_judgments_never_asks_the_llm(beir_dir, tmp_path):
+    """Training judgments mean a learned fusion, no adaptation: an --llm-url (a variable set for
+    answers, say) that nothing listens on does not stop the build."""
+    from cli.main import main
+
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    assert main(["build", "--data", str(beir_dir), "--index-dir", str(tmp_path / "idx"), "--llm-url", nobody]) == 0
+    assert (tmp_path / "idx" / "fusion").is_dir() and not (tmp_path / "idx" / "adapt").exists()
 
 
 def test_questions_are_cleaned_and_copies_rejected():

@@ -158,7 +158,6 @@ def test_mcp_and_a2a_answer_from_both_workers_and_mcp_writes_reach_both(workers)
     writer.close()
 
 
-@pytest.mark.slow
 def test_an_a2a_task_is_found_from_either_worker(workers):
     """``tasks/get`` over new connections (which the port spreads over both workers) finds every
     task, whichever worker ran it: its id names that worker, and the other one asks it."""
@@ -176,6 +175,7 @@ def test_an_a2a_task_is_found_from_either_worker(workers):
             assert found["result"]["artifacts"][0]["parts"][0]["data"]["doc_ids"][0].startswith("D-soy"), found
 
 
+@pytest.mark.slow
 def test_a_killed_follower_leaves_the_other_answering_and_comes_back(workers):
     url = workers["url"]
     pids = workers_up(url)

@@ -433,28 +433,35 @@ def sigterm_drain(index_dir: Path, work_dir: Path, requests: int = 48) -> dict:
         answered.release()
 
     threads = [threading.Thread(target=search, args=(i,)) for i in range(requests)]
-    for thread in threads:
-        thread.start()
-    go.wait()
-    for _ in range(requests // 4):
-        answered.acquire()
-    _until_all_received(url, requests, lambda: sum(end > 0 for end in ends))
-    signalled = time.perf_counter()
-    proc.send_signal(signal.SIGTERM)
-    probes: list[tuple[float, object]] = []
-    with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as client:  # fresh connections
-        while proc.poll() is None:
-            try:
-                outcome: object = client.post(f"{url}/search", json={"query": QUERIES[0], "top_k": 1}).status_code
-            except httpx.ConnectError:
-                outcome = "refused"
-            except httpx.HTTPError as exc:
-                outcome = type(exc).__name__
-            probes.append((time.perf_counter() - signalled, outcome))
-            time.sleep(0.05)
-    exit_code = proc.wait(timeout=30)
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        go.wait()
+        for _ in range(requests // 4):
+            answered.acquire()
+        _until_all_received(url, requests, lambda: sum(end > 0 for end in ends))
+        signalled = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        probes: list[tuple[float, object]] = []
+        with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as client:  # fresh ones
+            while proc.poll() is None:
+                try:
+                    outcome: object = client.post(f"{url}/search", json={"query": QUERIES[0], "top_k": 1}).status_code
+                except httpx.ConnectError:
+                    outcome = "refused"
+                except httpx.HTTPError as exc:
+                    outcome = type(exc).__name__
+                probes.append((time.perf_counter() - signalled, outcome))
+                time.sleep(0.05)
+        exit_code = proc.wait(timeout=30)
+    finally:  # a failed run leaves no server behind, nor clients waiting on it
+        go.abort()  # frees clients still at the start line (none once the searches left)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for thread in threads:
+            if thread.ident is not None:  # started
+                thread.join()
     in_flight = [outcomes[i] for i in range(requests) if ends[i] > signalled]
     refusals = [t for t, o in probes if o == "refused"]
     return {
@@ -491,6 +498,7 @@ def _until_all_received(url: str, requests: int, answered: Callable[[], int], ti
             )
             if before + inside >= requests:
                 return
+            time.sleep(0.01)  # the searches it waits for share the cores
     raise TimeoutError(f"the server did not receive all {requests} searches within {timeout_s:g} s")
 
 

@@ -36,6 +36,7 @@ PROMPT = (
     "\n\nPassage:\n{passage}"
 )
 PASSAGE_CHARS = 2000  # what the server reads of a chunk: enough for a question, bounded for small models
+GIVE_UP_AFTER = 5  # failures in a row (each after the client's retries) that end the asking
 IN_FLIGHT = 4  # requests at once: a server batches them; one at a time would leave it idle between replies
 LEAD = re.compile(r"^\s*(?:question\s*:|q\s*:|\d+[.)]|[-*•])\s*", re.IGNORECASE)
 
@@ -66,11 +67,9 @@ class QueryWriter:
 
     def probe(self) -> None:
         """One short request; :class:`GenerationError` naming the server and why when it fails."""
-        from openai import OpenAIError
-
         try:
             self._ask("Reply with the word ok.", max_tokens=5)
-        except (OpenAIError, IndexError) as exc:
+        except Exception as exc:  # unreachable, refused, or a reply that is not a chat completion
             raise GenerationError(
                 f"--llm-url {self.server.url}: the chat server did not answer ({type(exc).__name__}: {exc})"
             ) from None
@@ -81,8 +80,6 @@ class QueryWriter:
         """About ``n`` generated pseudo-queries from distinct chunks drawn at random (``seed``), those
         in ``exclude`` (the structural pseudo-queries' own) only when the others are too few; and
         their report (asked, kept, rejected, failed, seconds, queries/s)."""
-        from openai import OpenAIError
-
         rng = random.Random(seed)
         fresh = [c for c in chunks if c.unit_id not in exclude]
         used = [c for c in chunks if c.unit_id in exclude]
@@ -93,46 +90,53 @@ class QueryWriter:
         def one(chunk: Chunk) -> str | Exception:
             try:
                 return self._ask(PROMPT.format(passage=chunk.contents[:PASSAGE_CHARS]), max_tokens=64)
-            except (OpenAIError, IndexError) as exc:
+            except Exception as exc:  # a server's failure or a malformed reply: this chunk is skipped
                 return exc
 
-        made, rejected, failed, seen = [], 0, 0, set()
-        with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="llm-queries") as threads:
-            replies = threads.map(one, drawn)
+        made, rejected, failed, seen, in_a_row = [], 0, 0, set(), 0
+        threads = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="llm-queries")
+        try:
+            asked = [threads.submit(one, chunk) for chunk in drawn]
             for chunk, reply in track(
-                zip(drawn, replies, strict=True),
+                zip(drawn, (a.result() for a in asked), strict=True),
                 "questions from --llm-url",
                 "query",
                 total=len(drawn),
                 enabled=progress,
             ):
                 if isinstance(reply, Exception):
-                    failed += 1
+                    failed, in_a_row = failed + 1, in_a_row + 1
+                    if in_a_row == GIVE_UP_AFTER:  # the server broke: stop asking rather than wait on each
+                        log.warning("--llm-url %s: %d in a row failed (%s)", self.server.url, in_a_row, reply)
+                        break
                     continue
+                in_a_row = 0
                 question = clean(reply, chunk.contents)
                 if question is None or question.lower() in seen:
                     rejected += 1
                     continue
                 seen.add(question.lower())
                 made.append(PseudoQuery("generated", question, chunk.unit_id, None))
-        seconds = time.perf_counter() - started
+        finally:  # also on Ctrl-C: the queued requests are dropped, not sent
+            threads.shutdown(wait=False, cancel_futures=True)
+        seconds, answered = time.perf_counter() - started, len(made) + rejected + failed
         if drawn and not made:  # the server broke after the probe: adapt on the documents' own pseudo-queries
             log.warning(
                 "--llm-url %s: no usable question from %d chunks (%d requests failed, %d replies rejected)",
                 self.server.url,
-                len(drawn),
+                answered,
                 failed,
                 rejected,
             )
         report = {
             "server": self.server.url,
             "model": self.server.model,
-            "asked": len(drawn),
+            "asked": answered,
             "kept": len(made),
             "rejected": rejected,
             "failed": failed,
             "seconds": round(seconds, 1),
-            "queries_per_s": round(len(drawn) / seconds, 2) if seconds else None,
+            "queries_per_s": round(answered / seconds, 2) if seconds else None,
         }
         return made, report
 
