@@ -156,7 +156,7 @@ def test_the_containers_command_reaches_the_index_build(monkeypatch, tmp_path):
     from serving.settings import Settings
 
     built = []
-    corpus = SimpleNamespace(skipped=[], files=1, chunks=1, dataset=object())
+    corpus = SimpleNamespace(skipped=[], files=1, chunks=1, dataset=SimpleNamespace(training_split=lambda: "train"))
     manifest = SimpleNamespace(documents=1, encoder="e", dimension=1, dense_index="flat")
     monkeypatch.setattr(index_build.corpus, "open_corpus", lambda *a, **k: corpus)
     monkeypatch.setattr(index_build.builder, "build_index", lambda *a, **k: built.append(a) or manifest)
