@@ -11,6 +11,8 @@ import logging
 
 import numpy as np
 
+from engine.retrieval.java import jvm_signals_kept
+
 log = logging.getLogger(__name__)
 
 
@@ -38,12 +40,13 @@ def encode_on_ray(texts: list[str], encoder: str, device: str, batch_size: int, 
 
     if not texts:
         raise ValueError("no texts to encode")
-    ray.init(
-        address=None if address == "local" else address,
-        include_dashboard=False,
-        log_to_driver=False,
-        ignore_reinit_error=True,
-    )
+    with jvm_signals_kept():  # this process built Lucene's index: its JVM runs here
+        ray.init(
+            address=None if address == "local" else address,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+        )
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0)) if device != "cpu" else 0
     workers = gpus or max(1, int(resources.get("CPU", 1)))

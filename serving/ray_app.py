@@ -34,6 +34,7 @@ from ray.serve.handle import DeploymentHandle
 from engine.documents import DocumentIn
 from engine.rerank.batching import score_together
 from engine.rerank.loading import open_reranker
+from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
 from engine.store.index_dir import read_manifest
 from serving.admission import Overloaded
@@ -223,7 +224,8 @@ def _check_fits(settings: Settings, resources: dict, gpus: float, local: bool) -
 def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event | None = None) -> None:
     """Start (or join) a Ray cluster, deploy, and serve until Ctrl-C, SIGTERM or ``stop``."""
     read_manifest(settings.engine.index_dir)  # a missing index fails here, not in every replica
-    ray.init(address=settings.scale_out.ray_address, include_dashboard=False, log_to_driver=False)
+    with jvm_signals_kept():  # a JVM here (`--build-if-missing` built with it) keeps its handlers
+        ray.init(address=settings.scale_out.ray_address, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": settings.serving.host, "port": settings.serving.mcp_port})
         resources = ray.cluster_resources()
@@ -247,4 +249,5 @@ def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event 
         stop.wait()
     finally:
         serve.shutdown()
-        ray.shutdown()
+        with jvm_signals_kept():
+            ray.shutdown()

@@ -3,11 +3,14 @@ side with each other, with writes and refreshes, and with ``close``."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from benchmarks.reliability.server import ROOT
 from engine.retrieval.lucene import IndexClosedError, LuceneIndex
 
 UNITS = 40
@@ -139,3 +142,29 @@ def test_close_waits_for_searches_in_flight_and_later_ones_fail_clearly(tmp_path
     with pytest.raises(IndexClosedError):
         index.refresh()
     index.close()  # twice is harmless
+
+
+def test_the_jvms_signal_handlers_outlive_a_library_that_replaces_them():
+    """Ray's ``init`` and ``shutdown`` put their own SIGSEGV handler, then the default, over the JVM's;
+    the JVM faults on purpose at its safepoints, so a process left so dies at a random later moment.
+    ``jvm_signals_kept`` puts the JVM's back. Here the replacing library is faulthandler (in a fresh
+    process, so that this one's handlers stay as they are)."""
+    code = """
+import ctypes, faulthandler, signal
+from engine.retrieval.java import _SigAction, jvm_signals_kept, start_jvm
+libc = ctypes.CDLL(None)
+def handler():
+    action = _SigAction()
+    libc.sigaction(signal.SIGSEGV, None, ctypes.byref(action))
+    return action.handler
+faulthandler.enable()
+start_jvm()
+jvm = handler()
+with jvm_signals_kept():
+    faulthandler.disable()  # puts back the handler from before the JVM: not the JVM's
+    assert handler() != jvm
+assert handler() == jvm, "the JVM's handler is back"
+print("kept")
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "kept", run.stderr[-2000:]

@@ -116,17 +116,20 @@ def test_ray_acknowledged_write_survives_the_writer_replica_dying(ray_server):
     which replays the log, and the document is there (read back, then searchable on every replica)."""
     import ray
 
+    from engine.retrieval.java import jvm_signals_kept
     from serving.ray_app import APP_NAME
 
     url = ray_server["url"]
     httpx.post(f"{url}/documents", json=_doc("durable-1", "axolotl gill regeneration"), timeout=60).raise_for_status()
-    ray.init(address="auto", namespace="serve", logging_level="ERROR")
+    with jvm_signals_kept():  # this test process runs a JVM (the engine fixtures): Ray must not take its handlers
+        ray.init(address="auto", namespace="serve", logging_level="ERROR")
     try:
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
         writer = next(n for n in names if n.startswith(f"SERVE_REPLICA::{APP_NAME}#writer#"))
         ray.kill(ray.get_actor(writer, namespace="serve"), no_restart=True)
     finally:
-        ray.shutdown()
+        with jvm_signals_kept():
+            ray.shutdown()
     read = httpx.get(f"{url}/documents/durable-1", timeout=120)  # held by Serve until a writer runs again
     assert read.status_code == 200 and read.json()["chunks"][0]["content"] == "axolotl gill regeneration", read.text
     deadline = time.time() + 60

