@@ -114,7 +114,7 @@ def test_int8_scores_stay_near_fp32(reranker_dir, engine, tmp_path):
     shutil.copytree(reranker_dir, folder)
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
     query = "coffee and liver enzymes"
-    fp32 = Reranker(str(folder), "cpu", max_length=64)
+    fp32 = Reranker(str(folder), "cpu", max_length=64, quantize="none")
     int8 = Reranker(str(folder), "cpu", max_length=64, quantize="int8")
     assert int8.runtime == "onnx-int8" and int8.onnx.path.name == "model-int8.onnx"
     assert recipe(int8.onnx.path) == PLAIN  # no text to smooth on
@@ -128,6 +128,33 @@ def test_int8_scores_stay_near_fp32(reranker_dir, engine, tmp_path):
 def test_int8_needs_onnx_runtime(reranker_dir):
     with pytest.raises(RerankerError, match="needs the ONNX runtime"):
         Reranker(reranker_dir, "cpu", runtime="torch", quantize="int8")
+
+
+def test_bf16_ranks_as_fp32(reranker_dir, engine):
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    pairs = [("coffee and liver enzymes", d) for d in docs]
+    fp32 = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
+    bf16 = Reranker(reranker_dir, "cpu", max_length=64, quantize="bf16")
+    assert fp32.runtime == "onnx" and bf16.runtime == "torch-bf16" and bf16.onnx is None
+    assert next(bf16.model.transformers_model.parameters()).dtype == torch.bfloat16
+    a, b = np.array(fp32.logits(pairs)), np.array(bf16.logits(pairs))
+    from scipy.stats import spearmanr
+
+    assert spearmanr(a, b)[0] > 0.98 and np.abs(a - b).max() < 0.05 * (a.max() - a.min())
+
+
+def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16(reranker_dir):
+    from engine.rerank.cross_encoder import native_bf16
+
+    assert Reranker(reranker_dir, "cpu", max_length=32).runtime == ("torch-bf16" if native_bf16() else "onnx")
+    assert Reranker(reranker_dir, "cpu", max_length=32, runtime="onnx").runtime == "onnx"  # asked for, kept
+
+
+def test_bf16_is_refused_where_it_cannot_run(reranker_dir):
+    with pytest.raises(RerankerError, match="bf16 needs the torch runtime"):
+        Reranker(reranker_dir, "cpu", runtime="onnx", quantize="bf16")
+    with pytest.raises(RerankerError, match="bf16 is for a CPU"):
+        Reranker(reranker_dir, "cuda", quantize="bf16")
 
 
 def test_pair_cache_scores_each_pair_once_within_its_lifetime():
@@ -162,7 +189,7 @@ def test_engine_reuses_cached_scores_for_a_repeated_question(index_dir, reranker
 
 
 def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranker_dir):
-    reranker = Reranker(reranker_dir, "cpu", max_length=64)
+    reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     words = "caffeine intake was associated with lower liver enzyme levels in the cohort".split()
     passage = " ".join(words[i % len(words)] for i in range(2000))  # ~13,000 characters
     pairs = [("coffee", passage[::-1]), ("coffee and the liver", passage)]  # the order the model batches them in
@@ -246,13 +273,13 @@ def test_the_trace_writes_attention_out_and_a_trace_by_an_older_recipe_is_redone
 
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)
-    traced = Reranker(str(folder), "cpu", max_length=32).onnx.path
+    traced = Reranker(str(folder), "cpu", max_length=32, quantize="none").onnx.path
     model = onnx.load(str(traced))
     assert {p.key: p.value for p in model.metadata_props} == {TRACE_KEY: TRACE}
     assert "IsNaN" not in {node.op_type for node in model.graph.node}  # SDPA guards each layer's scores with it
     del model.metadata_props[:]
     onnx.save(model, str(traced))  # as a trace made before recipes were recorded
-    assert Reranker(str(folder), "cpu", max_length=32).onnx.path == traced
+    assert Reranker(str(folder), "cpu", max_length=32, quantize="none").onnx.path == traced
     assert {p.key: p.value for p in onnx.load(str(traced)).metadata_props} == {TRACE_KEY: TRACE}
 
 
@@ -262,7 +289,7 @@ def test_smoothing_moves_range_into_the_weights_without_changing_the_function(re
 
     from engine.rerank.int8 import _activation_maxima, _smooth, _weighted_products
 
-    traced = Reranker(reranker_dir, "cpu", max_length=64).onnx
+    traced = Reranker(reranker_dir, "cpu", max_length=64, quantize="none").onnx
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
     feed = traced.tokenize([("coffee and liver enzymes", d) for d in docs])
     feed = {name: feed[name] for name in traced.inputs}

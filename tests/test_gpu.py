@@ -11,7 +11,7 @@ def test_fp16_reranker_on_cuda_ranks_like_the_cpu(reranker_dir, beir_dir):
     from offline.dataset import load_dataset
 
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
-    cpu = Reranker(reranker_dir, "cpu").score("caffeine and the liver", docs)
+    cpu = Reranker(reranker_dir, "cpu", quantize="none").score("caffeine and the liver", docs)
     gpu = Reranker(reranker_dir, "cuda").score("caffeine and the liver", docs)
     order = lambda scores: sorted(range(len(scores)), key=lambda i: -scores[i])[:10]  # noqa: E731
     assert order(gpu)[:5] == order(cpu)[:5]

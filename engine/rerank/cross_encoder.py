@@ -141,7 +141,8 @@ class Reranker(PairPreparer):
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
     ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
     Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on the pairs ``calibration`` gives
-    when it has to be made. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
+    when it has to be made; ``"bf16"``: torch in bfloat16 on a CPU (fast where the CPU multiplies
+    bf16 itself); ``"auto"``: see :func:`_auto_precision`. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
     many tokens a pair, whatever the model was trained with. ``compile_model``: on CUDA with torch, the
     model compiled over a few shapes and warmed now (:mod:`engine.rerank.compiled`); else ignored.
     """
@@ -165,10 +166,19 @@ class Reranker(PairPreparer):
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             raise RerankerError(f"{name}: not a model folder (no config.json)")
         card = _read_card(Path(source) / CARD_FILE)
-        if quantize == "auto":  # a CPU student says how it is served on a CPU; anything else runs as trained
-            quantize = card["cpu_quantize"] if device == "cpu" and runtime in ("auto", "onnx") else "none"
-        wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
-        if quantize != "none" and wanted != "onnx":
+        if quantize == "auto":
+            quantize = _auto_precision(card["cpu_quantize"], device, runtime)
+        if quantize == "bf16":
+            if device != "cpu":
+                raise RerankerError("--rerank-quantize bf16 is for a CPU (a CUDA GPU runs the reranker in fp16)")
+            if runtime == "onnx":
+                raise RerankerError("--rerank-quantize bf16 needs the torch runtime, not onnx")
+            if not native_bf16():
+                log.warning("this CPU has no native bf16 (AVX512-BF16 or AMX): bf16 reranking will be slow")
+            wanted = "torch"
+        else:
+            wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
+        if quantize == "int8" and wanted != "onnx":
             raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
         try:
             self.model = CrossEncoder(
@@ -190,12 +200,19 @@ class Reranker(PairPreparer):
                 log.warning("ONNX Runtime cannot run %s (%s); scoring with torch", name, exc)
                 self.model.to(device)
         self.compiled: CompiledPasses | None = None
+        if quantize == "bf16":  # eager attention: PyTorch's SDPA is the slower kernel in bf16 on a CPU
+            import torch
+
+            self.model.transformers_model.set_attn_implementation("eager")
+            self.model.to(torch.bfloat16)
         if self.onnx is None and device == "cuda":
             self.model.half()
             if compile_model:  # only here: a CPU never compiles
                 model, pad_id = self.model.transformers_model, self.tokenize.pad_id
                 self.compiled = CompiledPasses(model, pad_id, batch_size, self.max_length)
         self.runtime = ("onnx" if quantize == "none" else f"onnx-{quantize}") if self.onnx is not None else "torch"
+        if quantize == "bf16":
+            self.runtime = "torch-bf16"
         self.name = name
         self.device = device
         self.batch_size = batch_size
@@ -268,6 +285,25 @@ def _batches(lengths: list[int], size: int) -> Iterator[list[int]]:
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     for start in range(0, len(order), size):
         yield order[start : start + size]
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where a bf16 model runs
+    ~1.8x the pairs per second of fp32; elsewhere bf16 is emulated and slower than fp32."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def _auto_precision(card_quantize: str, device: str, runtime: str) -> str:
+    """``--rerank-quantize auto``: a distilled CPU student as its card says (int8); with the runtime
+    left to auto too, on a CPU with native bf16, bf16 (the same ranking within 0.001 dev nDCG@10,
+    docs/cpu-reranking.md); anything else runs as trained."""
+    if device != "cpu":
+        return "none"
+    if card_quantize != "none":
+        return card_quantize if runtime in ("auto", "onnx") else "none"
+    return "bf16" if runtime == "auto" and native_bf16() else "none"
 
 
 def _read_card(card: Path) -> dict:
