@@ -22,8 +22,12 @@ def a2a_v03_send(part: dict) -> dict:
 
 
 async def door_load(door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float) -> dict:
-    """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles."""
-    import httpx
+    """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles.
+
+    REST and A2A go through aiohttp, kept-alive connections, one a client: the load client shares the
+    server's cores here, and httpx spent 1.5-1.9 ms of CPU a request to aiohttp's 0.5-0.65
+    (docs/benchmarks.md), CPU the server's figures then lacked. MCP goes through the official client (httpx inside)."""
+    import aiohttp
 
     latencies: list[float] = []
     errors: Counter[str] = Counter()  # what failed, so that a run with errors says why
@@ -31,7 +35,7 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
     for query in queries:
         queue.put_nowait(query)
 
-    async def worker(client: httpx.AsyncClient, session) -> None:
+    async def worker(client: aiohttp.ClientSession, session) -> None:
         while not queue.empty():
             query = queue.get_nowait()
             started = time.perf_counter()
@@ -42,7 +46,8 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
                 errors[f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"] += 1
 
     started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as client:
         if door == "mcp":
             from mcp import Client
 
@@ -64,21 +69,23 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
 
 async def _one_request(door: str, url: str, client, session, query: str, top_k: int) -> None:
     if door == "rest":
-        reply = await client.post(url, json={"query": query, "top_k": top_k})
-        reply.raise_for_status()
-        if len(reply.json()["results"]) != top_k:
-            raise ValueError(f"{len(reply.json()['results'])} results where {top_k} were asked for")
+        async with client.post(url, json={"query": query, "top_k": top_k}) as reply:
+            reply.raise_for_status()
+            found = len((await reply.json())["results"])
+        if found != top_k:
+            raise ValueError(f"{found} results where {top_k} were asked for")
     elif door == "mcp":
         result = await session.call_tool("search_nfcorpus", {"query": query, "top_k": top_k})
         if result.is_error:
             raise ValueError(f"tool error: {result.content[0].text if result.content else ''}")
     elif door == "a2a":
         body = a2a_v03_send({"kind": "text", "text": json.dumps({"query": query, "top_k": top_k})})
-        reply = await client.post(url, json=body)
-        reply.raise_for_status()
-        state = reply.json().get("result", {}).get("status", {}).get("state")
+        async with client.post(url, json=body) as reply:
+            reply.raise_for_status()
+            text = await reply.text()
+        state = json.loads(text).get("result", {}).get("status", {}).get("state")
         if state != "completed":
-            raise ValueError(f"task {state or 'missing'}: {reply.text[:160]}")
+            raise ValueError(f"task {state or 'missing'}: {text[:160]}")
     else:
         raise ValueError(f"unknown front door {door!r} (rest, mcp or a2a)")
 
