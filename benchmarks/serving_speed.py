@@ -2,7 +2,8 @@
 benchmarks.serving_speed --baseline DIR`` (DIR: a checkout of the baseline, e.g. ``git worktree add
 /tmp/base e571f5f``, run with this environment's packages).
 
-Each round starts the baseline's server and ours in turn on a copy of the index and sends the same
+Each round starts the baseline's server and ours in turn on a copy of the index (the baseline on
+its own, ``--baseline-index-dir``, when it cannot read ours) and sends the same
 dev queries through the same client: REST without a reranker at 1, 8 and 64 clients; REST with the
 reranker at depth 30 (pair cache off) at 8 and 64 clients; ours also through MCP and A2A at one client,
 and again as ``serve --workers N`` for each N of ``--workers`` past 1 (side ``ours-workersN``). Then
@@ -84,6 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, required=True, help="a checkout of the baseline commit")
     parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
+    parser.add_argument(
+        "--baseline-index-dir",
+        type=Path,
+        help="the index the baseline serves, when it cannot read ours (built by the baseline's own `build`);"
+        " default: a copy of --index-dir",
+    )
     parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
     parser.add_argument("--reranker", default="../shared/models/nfcorpus-reranker-cpu")
     parser.add_argument("--queries", type=int, default=300)
@@ -95,12 +102,14 @@ def main() -> None:
     queries = list(load_dataset(args.data).split_queries("dev").values())[: args.queries]
     reranker = str(Path(args.reranker).resolve())
     work = Path(tempfile.mkdtemp(prefix="serving-speed-"))
-    index = work / "index"
-    shutil.copytree(args.index_dir, index)
+    indexes = {"ours": work / "index", "baseline": work / "baseline-index"}
+    shutil.copytree(args.index_dir, indexes["ours"])
+    shutil.copytree(args.baseline_index_dir or args.index_dir, indexes["baseline"])
     names = ["baseline", "ours"] + [f"ours-workers{n}" for n in args.workers.split(",") if int(n) > 1]
     runs: dict[str, list] = {name: [] for name in names}
     for _ in range(args.rounds):
         for name in names:
+            index = indexes["baseline" if name == "baseline" else "ours"]
             plain = [("rest", 1), ("rest", 8), ("rest", 64)] + ([("mcp", 1), ("a2a", 1)] if name == "ours" else [])
             row = served(name, args.baseline, index, queries, work, ["--no-rerank", *workers_flag(name)], plain)
             deep = ["--reranker", reranker, "--rerank-depth", "30", "--rerank-cache-size", "0", *workers_flag(name)]
@@ -117,6 +126,7 @@ def main() -> None:
             print(name, json.dumps(row), flush=True)
     result = {
         "baseline": str(args.baseline),
+        "baseline_index": str(args.baseline_index_dir or args.index_dir),
         "queries": len(queries),
         "rerank_queries": min(len(queries), args.rerank_queries),
         "runs": runs,
