@@ -51,17 +51,18 @@ def onnx_path(source: str, file: str = ONNX_FILE) -> Path:
     return cache / hashlib.sha1(str(folder.resolve() if folder.is_dir() else source).encode()).hexdigest() / file
 
 
-def current(path: Path, source: str) -> bool:
-    """Whether the trace at ``path`` serves as it is: made by this ``TRACE``, after ``source``'s weights."""
+def current(path: Path, source: str, recipe: str = TRACE) -> bool:
+    """Whether the trace at ``path`` serves as it is: made by ``recipe``, after ``source``'s weights."""
     weights = [p.stat().st_mtime for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
-    return path.is_file() and path.stat().st_mtime >= max(weights, default=0) and recorded(path, TRACE_KEY) == TRACE
+    return path.is_file() and path.stat().st_mtime >= max(weights, default=0) and recorded(path, TRACE_KEY) == recipe
 
 
-def export_onnx(transformer, example: Mapping, output: str, path: Path, head=None) -> None:
+def export_onnx(transformer, example: Mapping, output: str, path: Path, head=None, recipe: str = TRACE) -> None:
     """Trace ``head`` (a module over the Hugging Face ``transformer``; default the transformer itself,
     its first output) to ONNX atomically (a temp file of this process + rename), the output named
     ``output`` and inputs shaped like ``example`` (the tokenizer's tensors); the attention is written
-    out in plain operators (``TRACE``), whatever the model serves torch with."""
+    out in plain operators (``TRACE``), whatever the model serves torch with; ``recipe``: what the
+    file records it was made by (a head's own recipe builds on ``TRACE``)."""
     import onnx
     import torch
 
@@ -89,7 +90,7 @@ def export_onnx(transformer, example: Mapping, output: str, path: Path, head=Non
     finally:
         transformer.set_attn_implementation(serving)
     traced = onnx.load(str(partial))
-    onnx.helper.set_model_props(traced, {TRACE_KEY: TRACE})
+    onnx.helper.set_model_props(traced, {TRACE_KEY: recipe})
     onnx.save(traced, str(partial))
     partial.replace(path)
     log.info("traced to ONNX: %s", path)

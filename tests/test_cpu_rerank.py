@@ -270,17 +270,24 @@ def test_the_trace_writes_attention_out_and_a_trace_by_an_older_recipe_is_redone
     import onnx
 
     from engine.onnx import TRACE, TRACE_KEY
+    from engine.rerank.onnx import FIRST_TOKEN_TRACE
 
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)
     traced = Reranker(str(folder), "cpu", max_length=32, quantize="none").onnx.path
     model = onnx.load(str(traced))
-    assert {p.key: p.value for p in model.metadata_props} == {TRACE_KEY: TRACE}
+    assert {p.key: p.value for p in model.metadata_props} == {TRACE_KEY: FIRST_TOKEN_TRACE}
+    assert FIRST_TOKEN_TRACE.startswith(TRACE)
     assert "IsNaN" not in {node.op_type for node in model.graph.node}  # SDPA guards each layer's scores with it
     del model.metadata_props[:]
     onnx.save(model, str(traced))  # as a trace made before recipes were recorded
     assert Reranker(str(folder), "cpu", max_length=32, quantize="none").onnx.path == traced
-    assert {p.key: p.value for p in onnx.load(str(traced)).metadata_props} == {TRACE_KEY: TRACE}
+    assert {p.key: p.value for p in onnx.load(str(traced)).metadata_props} == {TRACE_KEY: FIRST_TOKEN_TRACE}
+    model = onnx.load(str(traced))  # a trace by the whole-model recipe is made again too
+    onnx.helper.set_model_props(model, {TRACE_KEY: TRACE})
+    onnx.save(model, str(traced))
+    Reranker(str(folder), "cpu", max_length=32, quantize="none")
+    assert {p.key: p.value for p in onnx.load(str(traced)).metadata_props} == {TRACE_KEY: FIRST_TOKEN_TRACE}
 
 
 def test_smoothing_moves_range_into_the_weights_without_changing_the_function(reranker_dir, engine, tmp_path):
@@ -295,7 +302,9 @@ def test_smoothing_moves_range_into_the_weights_without_changing_the_function(re
     feed = {name: feed[name] for name in traced.inputs}
     model = onnx.load(str(traced.path))
     products = _weighted_products(model)
-    assert len(products) == 6 * 4  # per layer: Q/K/V share one input, attention output, feed-forward in and out
+    # per layer: Q/K/V share one input, attention output, feed-forward in and out; in the last layer
+    # Q reads [CLS] alone (engine/rerank/first_token.py), K and V every token
+    assert len(products) == 6 * 4 + 1
     maxima = _activation_maxima(model, products, [feed])
     _smooth(model, products, maxima)
     smoothed = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -317,3 +326,26 @@ def test_the_engine_smooths_its_int8_reranker_on_the_index_text(index_dir, reran
     from scipy.stats import spearmanr
 
     assert a.keys() == b.keys() and spearmanr(list(a.values()), [b[d] for d in a])[0] > 0.9
+
+
+def test_the_first_token_pass_gives_the_whole_models_logits(reranker_dir, engine):
+    from transformers import AutoModelForSequenceClassification
+
+    from engine.rerank.first_token import FirstTokenLogits
+
+    model = AutoModelForSequenceClassification.from_pretrained(reranker_dir, attn_implementation="eager").eval()
+    reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    pairs = [("coffee and liver enzymes", d) for d in docs] + [("soy", "tofu")]  # padded rows in the batch
+    features = {k: torch.from_numpy(v) for k, v in reranker.onnx.tokenize(pairs).items()}
+    with torch.inference_mode():
+        whole, first = model(**features).logits, FirstTokenLogits.of(model)(**features)
+    assert features["attention_mask"].min() == 0 and torch.allclose(whole, first, atol=1e-5)
+    assert np.allclose(reranker.logits(pairs), whole[:, 0].numpy(), atol=1e-4)  # the ONNX trace of the pass
+    assert FirstTokenLogits.of(AutoModelForSequenceClassification.from_config(_distilbert_config())) is None
+
+
+def _distilbert_config():
+    from transformers import DistilBertConfig
+
+    return DistilBertConfig(n_layers=1, dim=32, hidden_dim=64, n_heads=2, vocab_size=100)

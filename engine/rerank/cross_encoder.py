@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from engine.rerank.compiled import CompiledPasses
+from engine.rerank.first_token import FirstTokenLogits
 from engine.rerank.onnx import OnnxCrossEncoder, Pairs
 from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
@@ -205,6 +206,10 @@ class Reranker(PairPreparer):
 
             self.model.transformers_model.set_attn_implementation("eager")
             self.model.to(torch.bfloat16)
+        # on a CPU torch runs the last layer for [CLS] alone where the architecture allows (CUDA keeps
+        # the whole model, compiled)
+        on_cpu_torch = self.onnx is None and device == "cpu"
+        self.first_token = FirstTokenLogits.of(self.model.transformers_model) if on_cpu_torch else None
         if self.onnx is None and device == "cuda":
             self.model.half()
             if compile_model:  # only here: a CPU never compiles
@@ -276,7 +281,8 @@ class Reranker(PairPreparer):
                     logits[part] = self.compiled(features)
                     continue
                 inputs = {name: torch.from_numpy(array).to(device) for name, array in features.items()}
-                logits[part] = model(**inputs).logits[:, 0].float().cpu().numpy()
+                out = self.first_token(**inputs) if self.first_token is not None else model(**inputs).logits
+                logits[part] = out[:, 0].float().cpu().numpy()
         return logits.tolist()
 
 

@@ -7,11 +7,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.onnx import INT8_FILE, current, export_onnx, onnx_path, open_session
+from engine.onnx import INT8_FILE, TRACE, current, export_onnx, onnx_path, open_session
+from engine.rerank.first_token import FirstTokenLogits
 from engine.rerank.int8 import SMOOTHED, quantize_int8, recipe
 from engine.rerank.pair_tokens import PairTokenizer
 
 Pairs = Sequence[tuple[str, str]]
+# The reranker's recipe: TRACE with the last layer run for [CLS] alone (engine/rerank/first_token.py);
+# a trace by the whole-model recipe is made again
+FIRST_TOKEN_TRACE = f"{TRACE}+first-token"
 
 
 class OnnxCrossEncoder:
@@ -29,9 +33,12 @@ class OnnxCrossEncoder:
         import torch
 
         path = onnx_path(source)
-        if not current(path, source):
+        model = cross_encoder.transformers_model
+        head = FirstTokenLogits.of(model)  # the last layer for [CLS] alone, where the architecture allows
+        trace = FIRST_TOKEN_TRACE if head is not None else TRACE
+        if not current(path, source, trace):
             example = cross_encoder.tokenizer(["query"], ["a passage"], return_tensors="pt")
-            export_onnx(cross_encoder.transformers_model, example, "logits", path)
+            export_onnx(model, example, "logits", path, head, trace)
         self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
         if quantize == "int8":
             traced, path = path, path.with_name(INT8_FILE)
