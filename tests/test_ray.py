@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
+from engine.rerank.cross_encoder import native_bf16
 from engine.settings import EngineSettings
 from tests.helpers import a2a_v1_send, only_doc_ids
 
@@ -57,7 +58,8 @@ def test_ray_ranks_like_the_single_process(ray_server, index_dir, reranker_dir):
 
 def test_ray_health_names_the_reranker_deployment(ray_server, reranker_dir):
     health = httpx.get(ray_server["url"] + "/health").json()
-    assert health["reranker"] == reranker_dir and health["reranker_runtime"] == "onnx"
+    runtime = "torch-bf16" if native_bf16() else "onnx"  # rerank_quantize auto on this CPU
+    assert health["reranker"] == reranker_dir and health["reranker_runtime"] == runtime
     assert health["writable"] is True and health["rerank_depth"] == 20 and health["status"] == "ok"
     assert health["follower"]["checkpoint"] == 0  # the built index, no write yet
 

@@ -506,8 +506,8 @@ def _until_all_received(url: str, requests: int, answered: Callable[[], int], ti
 
 
 def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: int = 3) -> dict:
-    """In-process, behind the real REST routes: break the reranker's model object (its ``predict``
-    raises) and point answers at an LLM server that is not there; searches and answers must still
+    """In-process, behind the real REST routes: break the reranker's model (its classifier head, which
+    the whole model and the ``[CLS]``-only pass both run, raises) and point answers at an LLM server that is not there; searches and answers must still
     come back (fused results, the extractive fallback) and ``/health`` and ``/metrics`` say so."""
     from serving.rest import SOLVER_PATH
 
@@ -517,7 +517,7 @@ def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: in
     nobody = f"http://127.0.0.1:{free_port()}/v1"  # no LLM server listens there
     settings = {"reranker": reranker, "rerank_runtime": "torch", "llm_url": nobody}
     with in_process(index_dir, work_dir, **settings) as (client, service):
-        model = service.engine.reranker.model.transformers_model
+        model = service.engine.reranker.model.transformers_model.classifier
         query = {"query": QUERIES[0], "top_k": 5}
         model.forward = broken
         replies = [client.post("/search", json=query) for _ in range(queries)]

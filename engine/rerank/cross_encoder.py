@@ -12,7 +12,6 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from engine.rerank.compiled import CompiledPasses
-from engine.rerank.first_token import FirstTokenLogits
 from engine.rerank.onnx import OnnxCrossEncoder, Pairs
 from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
@@ -208,8 +207,11 @@ class Reranker(PairPreparer):
             self.model.to(torch.bfloat16)
         # on a CPU torch runs the last layer for [CLS] alone where the architecture allows (CUDA keeps
         # the whole model, compiled)
-        on_cpu_torch = self.onnx is None and device == "cpu"
-        self.first_token = FirstTokenLogits.of(self.model.transformers_model) if on_cpu_torch else None
+        self.first_token = None
+        if self.onnx is None and device == "cpu":
+            from engine.rerank.first_token import FirstTokenLogits  # torch, imported where it is used
+
+            self.first_token = FirstTokenLogits.of(self.model.transformers_model)
         if self.onnx is None and device == "cuda":
             self.model.half()
             if compile_model:  # only here: a CPU never compiles
@@ -298,7 +300,8 @@ def native_bf16() -> bool:
     ~1.8x the pairs per second of fp32; elsewhere bf16 is emulated and slower than fp32."""
     import torch
 
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes (2.x)
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def _auto_precision(card_quantize: str, device: str, runtime: str) -> str:

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine.onnx import INT8_FILE, TRACE, current, export_onnx, onnx_path, open_session
-from engine.rerank.first_token import FirstTokenLogits
 from engine.rerank.int8 import SMOOTHED, quantize_int8, recipe
 from engine.rerank.pair_tokens import PairTokenizer
 
@@ -31,6 +30,8 @@ class OnnxCrossEncoder:
         calibration: Callable[[], Pairs] | None = None,
     ) -> None:
         import torch
+
+        from engine.rerank.first_token import FirstTokenLogits
 
         path = onnx_path(source)
         model = cross_encoder.transformers_model
