@@ -102,9 +102,11 @@ def main() -> None:
     queries = list(load_dataset(args.data).split_queries("dev").values())[: args.queries]
     reranker = str(Path(args.reranker).resolve())
     work = Path(tempfile.mkdtemp(prefix="serving-speed-"))
-    indexes = {"ours": work / "index", "baseline": work / "baseline-index"}
+    indexes = {"ours": work / "index", "baseline": work / "index"}
     shutil.copytree(args.index_dir, indexes["ours"])
-    shutil.copytree(args.baseline_index_dir or args.index_dir, indexes["baseline"])
+    if args.baseline_index_dir:
+        indexes["baseline"] = work / "baseline-index"
+        shutil.copytree(args.baseline_index_dir, indexes["baseline"])
     names = ["baseline", "ours"] + [f"ours-workers{n}" for n in args.workers.split(",") if int(n) > 1]
     runs: dict[str, list] = {name: [] for name in names}
     for _ in range(args.rounds):

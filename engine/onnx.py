@@ -5,7 +5,7 @@ sentence-transformers, 3-4x faster a query); the cross-encoder's session is the 
 A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
 folder is read-only, and re-traced when the weights are newer or the trace was made by an older
 recipe (``TRACE`` in the file's metadata). With ``quantize="int8"`` the reranker's trace is quantized
-once more into ``model-int8.onnx`` (engine/rerank/int8.py), smoothed on pairs from ``calibration``
+once more into ``<trace>-int8.onnx`` beside it (engine/rerank/int8.py), smoothed on pairs from ``calibration``
 when the caller has text to give (the engine: its index's documents).
 """
 
@@ -24,7 +24,6 @@ import numpy as np
 log = logging.getLogger(__name__)
 ONNX_DIR = "onnx"
 ONNX_FILE = "model.onnx"
-INT8_FILE = "model-int8.onnx"
 # A name of its own: a sentence-transformers folder may ship an ``onnx/model.onnx`` (the hub's MiniLM
 # does), with other outputs, which a trace must neither be mistaken for nor overwrite.
 ENCODER_FILE = "query-encoder.onnx"
@@ -71,6 +70,8 @@ def export_onnx(transformer, example: Mapping, output: str, path: Path, head=Non
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.partial")
     transformer.eval()
+    if head is not None:
+        head.eval()
     serving = transformer.config._attn_implementation
     transformer.set_attn_implementation("eager")
     try:

@@ -226,6 +226,18 @@ def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event 
     read_manifest(settings.engine.index_dir)  # a missing index fails here, not in every replica
     with jvm_signals_kept():  # a JVM here (`--build-if-missing` built with it) keeps its handlers
         ray.init(address=settings.scale_out.ray_address, include_dashboard=False, log_to_driver=False)
+    stop, started = stop or threading.Event(), threading.Event()
+
+    def on_signal(*_) -> None:
+        if not started.is_set():
+            raise SystemExit(0)  # start-up is cut short; `finally` takes the deployment down
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        # ours at once: ray.init put in its own SIGTERM handler, which aborted the process (exit -6)
+        # when the signal came while the deployment was still starting
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
     try:
         serve.start(http_options={"host": settings.serving.host, "port": settings.serving.mcp_port})
         resources = ray.cluster_resources()
@@ -242,10 +254,7 @@ def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event 
             A2A_PREFIX,
             "GPU" if gpus else "CPU",
         )
-        stop = stop or threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: stop.set())
+        started.set()
         stop.wait()
     finally:
         serve.shutdown()

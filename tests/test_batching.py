@@ -9,7 +9,7 @@ from offline.dataset import load_dataset
 
 
 def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir, beir_dir):
-    reranker = Reranker(reranker_dir, "cpu", max_length=64)
+    reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     jobs = [
         (f"question {i} about {['soy', 'coffee', 'rice', 'meat'][i % 4]}", docs[i : i + 3 + i % 4]) for i in range(12)
@@ -41,7 +41,7 @@ def test_a_lone_request_does_not_wait_for_company(reranker_dir, beir_dir):
     """With nobody else in ``score``, the batch is scored at once, not after ``max_wait_s``."""
     import time
 
-    reranker = Reranker(reranker_dir, "cpu", max_length=64)
+    reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()][:4]
     batcher = RerankBatcher(reranker, max_wait_s=60, max_tokens=1 << 20)
     try:
@@ -58,7 +58,7 @@ def test_a_lone_request_does_not_wait_for_company(reranker_dir, beir_dir):
 def test_a_batch_keeps_to_its_token_budget_and_each_caller_gets_its_own_scores(reranker_dir, beir_dir):
     """A budget of one query's tokens: every batch holds one query, however many wait, and a request
     that would overflow a batch opens the next one rather than being lost or merged."""
-    reranker = Reranker(reranker_dir, "cpu", max_length=64)
+    reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     jobs = [(f"question {i} about soy", docs[i : i + 4]) for i in range(8)]
     alone = [reranker.score(q, p) for q, p in jobs]

@@ -139,7 +139,7 @@ class Reranker(PairPreparer):
     """Scores (query, document) pairs jointly, in length-sorted batches.
 
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
-    ``auto``: ONNX Runtime on a CPU when it can trace the model, else torch. ``quantize="int8"``: ONNX
+    ``auto``: ONNX Runtime on a CPU when it can trace the model (torch when bf16 is chosen), else torch. ``quantize="int8"``: ONNX
     Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on the pairs ``calibration`` gives
     when it has to be made; ``"bf16"``: torch in bfloat16 on a CPU (fast where the CPU multiplies
     bf16 itself); ``"auto"``: see :func:`_auto_precision`. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
@@ -168,9 +168,10 @@ class Reranker(PairPreparer):
         card = _read_card(Path(source) / CARD_FILE)
         if quantize == "auto":
             quantize = _auto_precision(card["cpu_quantize"], device, runtime)
+        if quantize == "bf16" and device != "cpu":  # a setting carried to a GPU machine keeps its reranker
+            log.warning("--rerank-quantize bf16 is for a CPU; on %s the reranker runs in fp16", device)
+            quantize = "none"
         if quantize == "bf16":
-            if device != "cpu":
-                raise RerankerError("--rerank-quantize bf16 is for a CPU (a CUDA GPU runs the reranker in fp16)")
             if runtime == "onnx":
                 raise RerankerError("--rerank-quantize bf16 needs the torch runtime, not onnx")
             if not native_bf16():
@@ -203,8 +204,12 @@ class Reranker(PairPreparer):
         if quantize == "bf16":  # eager attention: PyTorch's SDPA is the slower kernel in bf16 on a CPU
             import torch
 
-            self.model.transformers_model.set_attn_implementation("eager")
-            self.model.to(torch.bfloat16)
+            model = self.model.transformers_model
+            model.set_attn_implementation("eager")
+            model.to(torch.bfloat16)
+            for head in (getattr(getattr(model, "bert", None), "pooler", None), getattr(model, "classifier", None)):
+                if head is not None:  # a few thousand weights: the logits stay fp32 (engine/rerank/first_token.py)
+                    head.float()
         # on a CPU torch runs the last layer for [CLS] alone where the architecture allows (CUDA keeps
         # the whole model, compiled)
         self.first_token = None

@@ -36,7 +36,7 @@ class FirstTokenLogits(torch.nn.Module):
             or not hasattr(model, "classifier")
         ):
             return None
-        return cls(model)
+        return cls(model).eval()  # a new module starts in training mode; its exporter restores that mode
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
@@ -59,4 +59,6 @@ class FirstTokenLogits(torch.nn.Module):
         context = (weights @ value).transpose(1, 2).reshape(batch, 1, -1)
         attended = last.attention.output(context, first)
         out = last.output(last.intermediate(attended), attended)
-        return self.classifier(self.pooler(out))
+        # the head in its own dtype: fp32 in a bf16 model (Reranker keeps it so), where a bf16 logit
+        # would be rounded to ~0.03 and close candidates would tie
+        return self.classifier(self.pooler(out.to(self.pooler.dense.weight.dtype)))

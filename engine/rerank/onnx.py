@@ -7,14 +7,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.onnx import INT8_FILE, TRACE, current, export_onnx, onnx_path, open_session
+from engine.onnx import ONNX_FILE, TRACE, current, export_onnx, onnx_path, open_session
 from engine.rerank.int8 import SMOOTHED, quantize_int8, recipe
 from engine.rerank.pair_tokens import PairTokenizer
 
 Pairs = Sequence[tuple[str, str]]
-# The reranker's recipe: TRACE with the last layer run for [CLS] alone (engine/rerank/first_token.py);
-# a trace by the whole-model recipe is made again
+# The reranker's recipe: TRACE with the last layer run for [CLS] alone (engine/rerank/first_token.py),
+# in a file of its own, so that code of another version sharing the folder keeps its own trace
 FIRST_TOKEN_TRACE = f"{TRACE}+first-token"
+FIRST_TOKEN_FILE = "model-first-token.onnx"
 
 
 class OnnxCrossEncoder:
@@ -33,16 +34,16 @@ class OnnxCrossEncoder:
 
         from engine.rerank.first_token import FirstTokenLogits
 
-        path = onnx_path(source)
         model = cross_encoder.transformers_model
         head = FirstTokenLogits.of(model)  # the last layer for [CLS] alone, where the architecture allows
         trace = FIRST_TOKEN_TRACE if head is not None else TRACE
+        path = onnx_path(source, FIRST_TOKEN_FILE if head is not None else ONNX_FILE)
         if not current(path, source, trace):
             example = cross_encoder.tokenizer(["query"], ["a passage"], return_tensors="pt")
             export_onnx(model, example, "logits", path, head, trace)
         self.tokenize = PairTokenizer(cross_encoder.tokenizer, max_length)
         if quantize == "int8":
-            traced, path = path, path.with_name(INT8_FILE)
+            traced, path = path, path.with_name(f"{path.stem}-int8.onnx")
             stale = not path.is_file() or path.stat().st_mtime < traced.stat().st_mtime
             if stale or (calibration is not None and recipe(path) != SMOOTHED):
                 pairs = list(calibration()) if calibration is not None else []
