@@ -507,8 +507,9 @@ def _until_all_received(url: str, requests: int, answered: Callable[[], int], ti
 
 def reranker_failure(index_dir: Path, work_dir: Path, reranker: str, queries: int = 3) -> dict:
     """In-process, behind the real REST routes: break the reranker's model (its classifier head, which
-    the whole model and the ``[CLS]``-only pass both run, raises) and point answers at an LLM server that is not there; searches and answers must still
-    come back (fused results, the extractive fallback) and ``/health`` and ``/metrics`` say so."""
+    the whole model and the ``[CLS]``-only pass both run, raises) and point answers at an LLM server
+    that is not there; searches and answers must still come back (fused results, the extractive
+    fallback) and ``/health`` and ``/metrics`` say so."""
     from serving.rest import SOLVER_PATH
 
     def broken(*args, **kwargs):

@@ -139,11 +139,12 @@ class Reranker(PairPreparer):
     """Scores (query, document) pairs jointly, in length-sorted batches.
 
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
-    ``auto``: ONNX Runtime on a CPU when it can trace the model (torch when bf16 is chosen), else torch. ``quantize="int8"``: ONNX
-    Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on the pairs ``calibration`` gives
-    when it has to be made; ``"bf16"``: torch in bfloat16 on a CPU (fast where the CPU multiplies
-    bf16 itself); ``"auto"``: see :func:`_auto_precision`. ``cache``: scores of pairs seen lately. ``length_cap``: at most this
-    many tokens a pair, whatever the model was trained with. ``compile_model``: on CUDA with torch, the
+    ``auto``: ONNX Runtime on a CPU when it can trace the model (torch when bf16 is chosen), else
+    torch. ``quantize="int8"``: ONNX Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on
+    the pairs ``calibration`` gives when it has to be made; ``"bf16"``: torch in bfloat16 on a CPU
+    (fast where the CPU multiplies bf16 itself); ``"auto"``: see :func:`_auto_precision`. ``cache``:
+    scores of pairs seen lately. ``length_cap``: at most this many tokens a pair, whatever the model
+    was trained with. ``compile_model``: on CUDA with torch, the
     model compiled over a few shapes and warmed now (:mod:`engine.rerank.compiled`); else ignored.
     """
 
