@@ -358,3 +358,17 @@ def _distilbert_config():
     from transformers import DistilBertConfig
 
     return DistilBertConfig(n_layers=1, dim=32, hidden_dim=64, n_heads=2, vocab_size=100)
+
+
+def test_bf16_scores_a_cross_encoder_the_first_token_pass_does_not_know(reranker_dir, tmp_path):
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = DistilBertConfig(n_layers=2, dim=64, hidden_dim=128, n_heads=2, num_labels=1)
+    DistilBertForSequenceClassification(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(reranker_dir).save_pretrained(tmp_path)
+    bf16 = Reranker(str(tmp_path), "cpu", max_length=32, quantize="bf16")
+    fp32 = Reranker(str(tmp_path), "cpu", max_length=32, quantize="none")
+    pairs = [("coffee", "coffee and the liver"), ("soy", "tofu and soy milk"), ("tea", "green tea")]
+    assert bf16.first_token is None and bf16.runtime == "torch-bf16"  # the whole model runs, in bf16
+    assert np.allclose(bf16.logits(pairs), fp32.logits(pairs), atol=0.05)

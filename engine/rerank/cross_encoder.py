@@ -205,12 +205,8 @@ class Reranker(PairPreparer):
         if quantize == "bf16":  # eager attention: PyTorch's SDPA is the slower kernel in bf16 on a CPU
             import torch
 
-            model = self.model.transformers_model
-            model.set_attn_implementation("eager")
-            model.to(torch.bfloat16)
-            for head in (getattr(getattr(model, "bert", None), "pooler", None), getattr(model, "classifier", None)):
-                if head is not None:  # a few thousand weights: the logits stay fp32 (engine/rerank/first_token.py)
-                    head.float()
+            self.model.transformers_model.set_attn_implementation("eager")
+            self.model.to(torch.bfloat16)
         # on a CPU torch runs the last layer for [CLS] alone where the architecture allows (CUDA keeps
         # the whole model, compiled)
         self.first_token = None
@@ -218,6 +214,8 @@ class Reranker(PairPreparer):
             from engine.rerank.first_token import FirstTokenLogits  # torch, imported where it is used
 
             self.first_token = FirstTokenLogits.of(self.model.transformers_model)
+            if self.first_token is not None and quantize == "bf16":
+                self.first_token.head_in_fp32()
         if self.onnx is None and device == "cuda":
             self.model.half()
             if compile_model:  # only here: a CPU never compiles

@@ -38,6 +38,12 @@ class FirstTokenLogits(torch.nn.Module):
             return None
         return cls(model).eval()  # a new module starts in training mode; its exporter restores that mode
 
+    def head_in_fp32(self) -> None:
+        """Pooler and classifier (a few thousand weights) in fp32 under a bf16 body: a bf16 logit is
+        rounded to ~0.03 at the scores' size, and close candidates would tie."""
+        self.pooler.float()
+        self.classifier.float()
+
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -59,6 +65,5 @@ class FirstTokenLogits(torch.nn.Module):
         context = (weights @ value).transpose(1, 2).reshape(batch, 1, -1)
         attended = last.attention.output(context, first)
         out = last.output(last.intermediate(attended), attended)
-        # the head in its own dtype: fp32 in a bf16 model (Reranker keeps it so), where a bf16 logit
-        # would be rounded to ~0.03 and close candidates would tie
+        # the head in its own dtype (fp32 under a bf16 body: :meth:`head_in_fp32`)
         return self.classifier(self.pooler(out.to(self.pooler.dense.weight.dtype)))
