@@ -2,7 +2,8 @@
 
     python -m benchmarks.query_encoder
 
-Every dev query is encoded on both runtimes and compared (cosine; the minimum is what counts). Then
+Every dev query is encoded on both runtimes, and by the ONNX trace with int8 weights
+(``--query-encoder-quantize int8``), and compared with torch (cosine; the minimum is what counts). Then
 each runtime encodes the dev queries one at a time, from one thread and from two threads at once
 (each all of them, as two concurrent requests would), in ``--rounds`` rounds that alternate the
 runtimes; p50 / p95 ms a call and queries per second. Threads are set up as ``serve`` sets them.
@@ -66,12 +67,14 @@ def main() -> None:
     settings = BuildSettings()
     queries = list(load_dataset(settings.data_dir).split_queries(args.split).values())
     model = load_encoder(settings.encoder, "cpu")
-    served = load_query_encoder(model, settings.encoder, "cpu", "onnx")
-    assert isinstance(served, OnnxQueryEncoder)
+    served = load_query_encoder(model, settings.encoder, "cpu", "onnx", "none")
+    int8 = load_query_encoder(model, settings.encoder, "cpu", "onnx", "int8")
+    assert isinstance(served, OnnxQueryEncoder) and isinstance(int8, OnnxQueryEncoder)
     pooled = copy.copy(served)
     pooled.session = open_session(served.path, "cpu", 2)
-    runtimes = {"torch": TorchQueryEncoder(model), "onnx": served, "onnx, pool of 2": pooled}
+    runtimes = {"torch": TorchQueryEncoder(model), "onnx": served, "onnx, pool of 2": pooled, "onnx int8": int8}
     cosines = [float(served(q)[0] @ runtimes["torch"](q)[0]) for q in queries]
+    cosines_int8 = [float(int8(q)[0] @ runtimes["torch"](q)[0]) for q in queries]
     load_before = os.getloadavg()[0]
     for encoder in runtimes.values():  # warm up: first calls allocate
         timed(encoder, queries[:20], 1)
@@ -90,10 +93,13 @@ def main() -> None:
         rows.append({"runtime": name, "callers": callers, "p50_ms": ms["p50"], "p95_ms": ms["p95"], "qps": qps})
         print(f"{name:16} {callers} caller(s): p50 {ms['p50']:6.2f} ms  p95 {ms['p95']:6.2f} ms  {qps:6.0f} queries/s")
     print(f"cosine to torch over {len(queries)} {args.split} queries: min {min(cosines):.7f}")
+    print(f"the same with int8 weights: min {min(cosines_int8):.5f}")
     result = {
         "queries": len(queries),
         "cosine_min": min(cosines),
         "cosine_mean": float(np.mean(cosines)),
+        "int8_cosine_min": min(cosines_int8),
+        "int8_cosine_mean": float(np.mean(cosines_int8)),
         "rows": rows,
         "load_average_1min": [load_before, os.getloadavg()[0]],  # before and after: other work on the cores
         "torch_threads": torch.get_num_threads(),

@@ -85,6 +85,58 @@ def test_torch_serves_when_onnx_cannot(minilm, minilm_path, monkeypatch, caplog)
     assert load_query_encoder(minilm, minilm_path, "cuda", "auto").runtime == "torch"  # the fp16 GPU model
 
 
+def test_int8_encoder_is_within_the_probe_cosine_and_made_once(minilm, minilm_path, monkeypatch):
+    from engine.onnx import ENCODER_INT8_FILE, ENCODER_INT8_RECIPE, TRACE_KEY, recorded
+    from engine.retrieval.dense import encode
+    from engine.retrieval.encoder import load_query_encoder
+
+    int8 = load_query_encoder(minilm, minilm_path, "cpu", "auto", "int8")
+    assert int8.runtime == "onnx-int8" and int8.path.name == ENCODER_INT8_FILE
+    assert recorded(int8.path, TRACE_KEY) == ENCODER_INT8_RECIPE
+    fp32 = load_query_encoder(minilm, minilm_path, "cpu", "auto", "none")
+    assert fp32.runtime == "onnx" and fp32.path != int8.path
+    cosines = []
+    for query in QUERIES:
+        vector, expected = int8(query), encode(minilm, [query])
+        assert vector.shape == (1, 384) and abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+        cosines.append(float(vector[0] @ expected[0]))
+    assert min(cosines) > 0.999, cosines
+    assert not np.array_equal(int8(QUERIES[1]), fp32(QUERIES[1]))  # the int8 weights did run
+
+    def quantize_again(*args, **kwargs):
+        raise AssertionError("quantized again")
+
+    made = int8.path.stat().st_mtime_ns
+    monkeypatch.setattr("onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer", quantize_again)
+    assert load_query_encoder(minilm, minilm_path, "cpu", "onnx", "int8").path == int8.path
+    assert int8.path.stat().st_mtime_ns == made
+
+
+def test_int8_encoder_is_made_again_after_a_newer_trace(minilm, minilm_path):
+    import os
+
+    from engine.onnx import OnnxQueryEncoder
+
+    int8 = OnnxQueryEncoder(minilm, minilm_path, "cpu", int8=True).path
+    trace, made = int8.with_name("query-encoder.onnx"), int8.stat().st_mtime_ns
+    kept = trace.stat()
+    os.utime(trace, ns=(kept.st_atime_ns, made + 10**9))  # a trace newer than its int8 copy
+    try:
+        assert OnnxQueryEncoder(minilm, minilm_path, "cpu", int8=True).path == int8
+        assert int8.stat().st_mtime_ns != made
+    finally:
+        os.utime(trace, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+
+
+def test_int8_is_refused_where_it_cannot_run(minilm, minilm_path):
+    from engine.retrieval.encoder import load_query_encoder
+
+    with pytest.raises(ValueError, match="int8 query encoding"):
+        load_query_encoder(minilm, minilm_path, "cpu", "torch", "int8")
+    with pytest.raises(ValueError, match="int8 query encoding"):
+        load_query_encoder(minilm, minilm_path, "cuda", "onnx", "int8")
+
+
 def test_engine_encodes_queries_on_onnx_on_a_cpu(engine):
     assert engine.describe()["query_encoder_runtime"] == "onnx"
     assert engine.dense.encode_query("caffeine and the liver").shape == (1, 384)

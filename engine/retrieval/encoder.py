@@ -77,7 +77,7 @@ class TorchQueryEncoder:
         return encode(self.model, [text])
 
 
-def load_query_encoder(model, name: str, device: str, runtime: str = "auto") -> QueryEncoder:
+def load_query_encoder(model, name: str, device: str, runtime: str = "auto", quantize: str = "none") -> QueryEncoder:
     """What encodes one text at a time for ``model`` (the served encoder ``name``); batches (build,
     ingest) stay on ``model``, so the index's vectors do not change.
 
@@ -86,18 +86,35 @@ def load_query_encoder(model, name: str, device: str, runtime: str = "auto") -> 
     on CUDA uses onnxruntime-gpu's provider when installed. An ONNX encoder that cannot be made, or
     whose embedding of ``PROBE`` is not torch's, fails ``onnx`` and is logged under ``auto``, where
     torch serves.
+
+    ``quantize="int8"`` runs the ONNX encoder with int8 weights, on a CPU only; its embedding of
+    ``PROBE`` is held to the same cosine, and one that misses it fails the load.
     """
     torch_encoder = TorchQueryEncoder(model)
     if runtime == "torch" or (runtime == "auto" and device != "cpu"):
+        if quantize == "int8":
+            raise ValueError("int8 query encoding runs on ONNX Runtime on a CPU, not with torch or on CUDA")
         return torch_encoder
+    if quantize == "int8" and device != "cpu":
+        raise ValueError("int8 query encoding runs on a CPU; on CUDA the encoder runs fp16")
     try:
-        onnx_encoder = OnnxQueryEncoder(model, resolve_model(name), device)
-        cosine = float(onnx_encoder(PROBE)[0] @ torch_encoder(PROBE)[0])
-        if cosine < PROBE_COSINE:
-            raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}): a pooling other than the mean?")
+        onnx_encoder = _checked(OnnxQueryEncoder(model, resolve_model(name), device), torch_encoder)
     except Exception as exc:  # tracing, the runtime or the check failed: say which and why
-        if runtime == "onnx":
+        if runtime == "onnx" or quantize == "int8":
             raise RuntimeError(f"cannot encode queries of {name!r} on ONNX Runtime: {exc}") from exc
         log.warning("ONNX Runtime cannot encode queries of %s (%s); encoding them with torch", name, exc)
         return torch_encoder
-    return onnx_encoder
+    if quantize != "int8":
+        return onnx_encoder
+    try:
+        return _checked(OnnxQueryEncoder(model, resolve_model(name), device, int8=True), torch_encoder)
+    except Exception as exc:
+        raise RuntimeError(f"cannot encode queries of {name!r} in int8: {exc}") from exc
+
+
+def _checked(encoder: OnnxQueryEncoder, reference: TorchQueryEncoder) -> OnnxQueryEncoder:
+    """``encoder`` when its embedding of ``PROBE`` is the reference's within ``PROBE_COSINE``."""
+    cosine = float(encoder(PROBE)[0] @ reference(PROBE)[0])
+    if cosine < PROBE_COSINE:
+        raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}; a pooling other than the mean?)")
+    return encoder

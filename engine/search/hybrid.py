@@ -80,7 +80,9 @@ class HybridEngine:
         self.store = DocStore(index_dir / DOCS_FILE)
         self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
         encoder = load_encoder(self.manifest.encoder, self.device)
-        query_encoder = load_query_encoder(encoder, self.manifest.encoder, self.device, settings.query_encoder_runtime)
+        query_encoder = load_query_encoder(
+            encoder, self.manifest.encoder, self.device, settings.query_encoder_runtime, settings.query_encoder_quantize
+        )
         dense_path, dense_seq = latest_dense(index_dir)
         self.dense = DenseRetriever(dense_path, encoder, query_encoder, settings.hnsw_ef_search, self.device, writable)
         if writable and not self.dense.accepts_deletes:
