@@ -36,6 +36,7 @@ ENCODER_INT8_FILE = "query-encoder-int8.onnx"
 # int8 reads a quarter. Per-tensor dynamic int8 was as fast but moved the embeddings to cosine 0.985;
 # blocks of 16 keep them within 0.9995, blocks of 64 within 0.999 (docs/experiments.md).
 ENCODER_INT8_RECIPE = "matmul-nbits-8bit-block16-accuracy4"
+SOURCE_KEY = "hybrid_search_made_from"  # the fp32 trace an int8 copy was made from: "size:mtime_ns"
 # The recipe of a trace; a model traced by another one is traced again. "eager-attention": attention
 # written out as plain matrix products. Traced through PyTorch's SDPA, every layer carried the
 # NaN-guarding Where and IsNaN of its mask over the whole score tensor: 10% of a 3-layer model's
@@ -108,39 +109,49 @@ def export_onnx(transformer, example: Mapping, output: str, path: Path, head=Non
 
 def recorded(path: Path, key: str) -> str | None:
     """The value the ONNX file ``path`` records under ``key`` in its metadata, if any."""
+    return metadata(path).get(key)
+
+
+def metadata(path: Path) -> dict[str, str]:
+    """Everything the ONNX file ``path`` records in its metadata."""
     import onnx
 
-    props = onnx.load(str(path), load_external_data=False).metadata_props
-    return next((p.value for p in props if p.key == key), None)
+    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
 
 
 def quantized_encoder(trace: Path) -> Path:
     """The int8 copy of the query encoder's fp32 ``trace``, made beside it once (:data:`ENCODER_INT8_RECIPE`),
-    again when the trace is newer or the copy was made by another recipe; atomically, as a trace is."""
+    again when the trace changed (its size and mtime, recorded in the copy) or the recipe did;
+    atomically, as a trace is."""
     target = trace.with_name(ENCODER_INT8_FILE)
-    if (
-        target.is_file()
-        and target.stat().st_mtime >= trace.stat().st_mtime
-        and recorded(target, TRACE_KEY) == ENCODER_INT8_RECIPE
-    ):
+    made_from = f"{trace.stat().st_size}:{trace.stat().st_mtime_ns}"
+    wanted = {TRACE_KEY: ENCODER_INT8_RECIPE, SOURCE_KEY: made_from}
+    if target.is_file() and wanted.items() <= metadata(target).items():
         return target
     import onnx
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
+    root.handlers[:], root.level = handlers, level  # its import calls logging.basicConfig(level=INFO)
     config = DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=True, accuracy_level=4, bits=8)
     quantizer = MatMulNBitsQuantizer(onnx.load(str(trace)), algo_config=config)
     chatty = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")  # a line per graph node
-    level = chatty.level
+    kept = chatty.level
     chatty.setLevel(logging.WARNING)
     try:
         quantizer.process()
     finally:
-        chatty.setLevel(level)
+        chatty.setLevel(kept)
     model = quantizer.model.model
-    onnx.helper.set_model_props(model, {TRACE_KEY: ENCODER_INT8_RECIPE})
+    onnx.helper.set_model_props(model, {TRACE_KEY: ENCODER_INT8_RECIPE, SOURCE_KEY: made_from})
     partial = target.with_suffix(f".{os.getpid()}.partial")
-    onnx.save(model, str(partial))
-    partial.replace(target)
+    try:
+        onnx.save(model, str(partial))
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
     log.info("query encoder quantized to int8: %s", target)
     return target
 

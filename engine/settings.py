@@ -59,7 +59,7 @@ class EngineSettings(BaseModel):
         "none",
         description="int8 = the ONNX query encoder with int8 weights (8-bit blocks of 16): ~1.5x faster a query on"
         " a CPU, embeddings within cosine 0.999 of fp32; on NFCorpus dev the served stage within 0.001 nDCG@10,"
-        " RRF+rerank 0.002 lower (docs/experiments.md); none = fp32",
+        " three others 0.0012-0.0022 (docs/benchmarks.md); none = fp32",
     )
     memory: bool = Field(True, description="fuse the judgment memory when the index has one")
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote in the judgment memory")

@@ -8,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from engine.settings import EngineSettings
+
 # NFCorpus dev queries (the shortest, the longest, capitals, punctuation, quotes), then text the dev
 # set lacks: accents and symbols, doubled spaces, and one past the model's 256 tokens (truncated)
 QUERIES = [
@@ -112,29 +114,43 @@ def test_int8_encoder_is_within_the_probe_cosine_and_made_once(minilm, minilm_pa
     assert int8.path.stat().st_mtime_ns == made
 
 
-def test_int8_encoder_is_made_again_after_a_newer_trace(minilm, minilm_path):
+def test_int8_copy_follows_its_trace(minilm, minilm_path, tmp_path):
     import os
+    import shutil
 
-    from engine.onnx import OnnxQueryEncoder
+    from engine.onnx import ENCODER_FILE, ENCODER_INT8_FILE, OnnxQueryEncoder, quantized_encoder
 
-    int8 = OnnxQueryEncoder(minilm, minilm_path, "cpu", int8=True).path
-    trace, made = int8.with_name("query-encoder.onnx"), int8.stat().st_mtime_ns
-    kept = trace.stat()
-    os.utime(trace, ns=(kept.st_atime_ns, made + 10**9))  # a trace newer than its int8 copy
-    try:
-        assert OnnxQueryEncoder(minilm, minilm_path, "cpu", int8=True).path == int8
-        assert int8.stat().st_mtime_ns != made
-    finally:
-        os.utime(trace, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    trace = tmp_path / ENCODER_FILE
+    shutil.copy(OnnxQueryEncoder(minilm, minilm_path, "cpu").path, trace)
+    int8 = quantized_encoder(trace)
+    assert int8 == tmp_path / ENCODER_INT8_FILE
+    made = int8.stat().st_mtime_ns
+    assert quantized_encoder(trace) == int8 and int8.stat().st_mtime_ns == made  # kept
+    os.utime(trace, ns=(trace.stat().st_atime_ns, made - 10**9))  # another trace, even an older one
+    assert quantized_encoder(trace) == int8 and int8.stat().st_mtime_ns != made  # made again
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
 
 
-def test_int8_is_refused_where_it_cannot_run(minilm, minilm_path):
+def test_int8_is_refused_where_it_cannot_run_and_dropped_on_a_gpu(minilm, minilm_path, caplog):
     from engine.retrieval.encoder import load_query_encoder
 
-    with pytest.raises(ValueError, match="int8 query encoding"):
+    with pytest.raises(ValueError, match="not --query-encoder-runtime torch"):
         load_query_encoder(minilm, minilm_path, "cpu", "torch", "int8")
-    with pytest.raises(ValueError, match="int8 query encoding"):
-        load_query_encoder(minilm, minilm_path, "cuda", "onnx", "int8")
+    with caplog.at_level(logging.WARNING):  # a setting carried to a GPU machine: the GPU's encoder serves
+        assert load_query_encoder(minilm, minilm_path, "cuda", "auto", "int8").runtime == "torch"
+    assert "is for a CPU" in caplog.text
+
+
+def test_engine_serves_the_int8_encoder_when_asked(index_dir):
+    from engine.search import HybridEngine
+
+    settings = EngineSettings(index_dir=index_dir, device="cpu", rerank=False, query_encoder_quantize="int8")
+    engine = HybridEngine(settings)
+    try:
+        assert engine.describe()["query_encoder_runtime"] == "onnx-int8"
+        assert engine.search("caffeine and the liver", top_k=3)
+    finally:
+        engine.close()
 
 
 def test_engine_encodes_queries_on_onnx_on_a_cpu(engine):

@@ -87,34 +87,37 @@ def load_query_encoder(model, name: str, device: str, runtime: str = "auto", qua
     whose embedding of ``PROBE`` is not torch's, fails ``onnx`` and is logged under ``auto``, where
     torch serves.
 
-    ``quantize="int8"`` runs the ONNX encoder with int8 weights, on a CPU only; its embedding of
-    ``PROBE`` is held to the same cosine, and one that misses it fails the load.
+    ``quantize="int8"`` runs the ONNX encoder with int8 weights on a CPU; its embedding of ``PROBE``
+    is held to the same cosine, and one that misses it fails the load. Carried to a GPU machine the
+    setting is logged and the GPU's encoder serves; asked of torch on a CPU, it is refused.
     """
     torch_encoder = TorchQueryEncoder(model)
+    if quantize == "int8" and device != "cpu":  # a setting carried to a GPU machine keeps its encoder
+        log.warning("--query-encoder-quantize int8 is for a CPU; on %s queries are encoded as without it", device)
+        quantize = "none"
     if runtime == "torch" or (runtime == "auto" and device != "cpu"):
         if quantize == "int8":
-            raise ValueError("int8 query encoding runs on ONNX Runtime on a CPU, not with torch or on CUDA")
+            raise ValueError("--query-encoder-quantize int8 runs on ONNX Runtime, not --query-encoder-runtime torch")
         return torch_encoder
-    if quantize == "int8" and device != "cpu":
-        raise ValueError("int8 query encoding runs on a CPU; on CUDA the encoder runs fp16")
+    source = resolve_model(name)
+    if quantize == "int8":
+        try:
+            encoder = OnnxQueryEncoder(model, source, device, int8=True)
+            return _checked(encoder, torch_encoder, "int8 weights moved it; use --query-encoder-quantize none")
+        except Exception as exc:
+            raise RuntimeError(f"cannot encode queries of {name!r} in int8: {exc}") from exc
     try:
-        onnx_encoder = _checked(OnnxQueryEncoder(model, resolve_model(name), device), torch_encoder)
+        return _checked(OnnxQueryEncoder(model, source, device), torch_encoder, "a pooling other than the mean?")
     except Exception as exc:  # tracing, the runtime or the check failed: say which and why
-        if runtime == "onnx" or quantize == "int8":
+        if runtime == "onnx":
             raise RuntimeError(f"cannot encode queries of {name!r} on ONNX Runtime: {exc}") from exc
         log.warning("ONNX Runtime cannot encode queries of %s (%s); encoding them with torch", name, exc)
         return torch_encoder
-    if quantize != "int8":
-        return onnx_encoder
-    try:
-        return _checked(OnnxQueryEncoder(model, resolve_model(name), device, int8=True), torch_encoder)
-    except Exception as exc:
-        raise RuntimeError(f"cannot encode queries of {name!r} in int8: {exc}") from exc
 
 
-def _checked(encoder: OnnxQueryEncoder, reference: TorchQueryEncoder) -> OnnxQueryEncoder:
+def _checked(encoder: OnnxQueryEncoder, reference: TorchQueryEncoder, hint: str) -> OnnxQueryEncoder:
     """``encoder`` when its embedding of ``PROBE`` is the reference's within ``PROBE_COSINE``."""
     cosine = float(encoder(PROBE)[0] @ reference(PROBE)[0])
     if cosine < PROBE_COSINE:
-        raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}; a pooling other than the mean?)")
+        raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}; {hint})")
     return encoder

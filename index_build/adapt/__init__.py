@@ -74,7 +74,14 @@ def adapt_index(
         raise AdaptError("--adapt none: nothing to adapt")
     started = time.perf_counter()
     index_dir = Path(settings.index_dir)
-    plain = {"memory": False, "fusion": "rrf", "rerank": False, "adapted": False, "query_encoder_runtime": "torch"}
+    plain = {
+        "memory": False,
+        "fusion": "rrf",
+        "rerank": False,
+        "adapted": False,
+        "query_encoder_runtime": "torch",
+        "query_encoder_quantize": "none",
+    }
     engine = HybridEngine(settings.model_copy(update=plain))
     try:
         if engine.memory is not None or (index_dir / FUSION_DIR).is_dir():
