@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,22 @@ class ServerExited(RuntimeError):
         self.returncode = returncode
 
 
+# Ports for the servers started here: under the kernel's ephemeral range, which every outgoing
+# connection draws from (Ray opens hundreds as it starts, and one took the port a Ray Serve proxy was
+# about to bind: "Failed to bind to address"), and above Ray's worker ports (10002-19999).
+LISTEN_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, outside the ranges other processes take ports from by themselves."""
+    for port in random.sample(LISTEN_PORTS, 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}")
 
 
 def serve_args(index: Path, mcp_port: int, *extra: str, a2a_port: int | None = None) -> list[str]:
