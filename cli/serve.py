@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def serve(settings: Settings, args: argparse.Namespace) -> int:
-    from serving.app import run_servers
+    from serving.app import check_ports, door_ports, run_servers
 
     if args.no_mcp and args.no_a2a:
         raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
@@ -81,6 +81,9 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
     if args.ray and settings.serving.workers > 1:
         raise ValueError("--ray scales with --search-replicas, not --workers: leave out --workers")
+    doors = {"mcp": not args.no_mcp, "a2a": not args.no_a2a, "mcp_url": args.mcp_url}
+    ports = {"mcp": settings.serving.mcp_port} if args.ray else door_ports(settings, **doors)  # Ray: one port
+    check_ports(ports, settings.serving.host)
     if args.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
         from cli.index import build
 
@@ -89,7 +92,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.ray:
         ray_app().run_on_ray(settings, writable=not args.read_only)
         return 0
-    doors = {"mcp": not args.no_mcp, "a2a": not args.no_a2a, "mcp_url": args.mcp_url, "writable": not args.read_only}
+    doors["writable"] = not args.read_only
     if settings.serving.worker_count() > 1:
         from serving.workers import run_workers
 

@@ -144,6 +144,22 @@ def build_apps(
     return service, {door: (telemetry.TracedDoor(app, door), port) for door, (app, port) in apps.items()}
 
 
+def check_ports(ports: dict[str, int], host: str) -> None:
+    """Fail now, naming the port, when a door's port is taken: before a build or an engine's load
+    (minutes), not after them in a server's traceback. Port 0 (any free one) is never taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for door, port in ports.items():
+        if not port:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                raise RuntimeError(f"cannot listen on {host}:{port} ({reason}): choose another --{door}-port") from None
+
+
 def door_ports(settings: Settings, mcp: bool = True, a2a: bool = True, mcp_url: str | None = None) -> dict[str, int]:
     """The port of each door :func:`build_apps` serves: REST (with MCP unless ``mcp`` is off) beside
     the engine, unless only an A2A agent searching through ``mcp_url`` is asked for; and A2A."""

@@ -84,6 +84,24 @@ def test_bad_input_is_a_clear_cli_error(argv, message, capsys, index_dir, beir_d
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("door", ["mcp", "a2a"])
+def test_a_taken_port_is_a_clear_cli_error_before_the_index_is_built(door, capsys, tmp_path, beir_dir):
+    import socket
+
+    from benchmarks.reliability.server import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port, other = taken.getsockname()[1], free_port()
+        ports = {"mcp": port, "a2a": other} if door == "mcp" else {"mcp": other, "a2a": port}
+        argv = ["serve", "--build-if-missing", "--data", str(beir_dir), "--index-dir", str(tmp_path / "idx")]
+        assert main(argv + ["--mcp-port", str(ports["mcp"]), "--a2a-port", str(ports["a2a"])]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and f"--{door}-port" in err and "Traceback" not in err
+    assert not (tmp_path / "idx").exists()  # refused before the build
+
+
 def test_settings_layering(tmp_path, monkeypatch, index_dir):
     from cli.flags import settings_from
 
