@@ -33,6 +33,11 @@ class EngineSettings(BaseModel):
 
     index_dir: Path = Field(Path("indexes/nfcorpus"), description="index directory built by `build`")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where models run (auto: CUDA when present)")
+    retrieval_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="where the query encoder and dense search run (auto: --device). cpu under `serve --workers N`"
+        " on a GPU leaves the GPU to the one reranker process: no worker opens a CUDA context of its own",
+    )
     encode_batch_size: int = Field(64, ge=1, description="texts the encoder embeds at once (build, ingest)")
 
     # retrieval and fusion

@@ -36,7 +36,7 @@ from serving.worker_channel import Channel, ChannelServer, WorkerUnreachable, ca
 log = logging.getLogger(__name__)
 RERANKER = "reranker"  # its address on the channel, and its name among the supervisor's children
 STATUS_TIMEOUT_S = 2.0
-DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size")
+DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "compile_state")
 
 
 def shared(settings: Settings) -> bool:
@@ -91,7 +91,7 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
         return batcher.finish(PreparedPairs([None] * len(rows), [], rows, lengths))
 
     def status() -> dict:
-        return {"pid": os.getpid(), "batches": batcher.batches, "device": reranker.device}
+        return {"pid": os.getpid(), "device": reranker.device, "compiled": reranker.compile_state, **batcher.stats()}
 
     server = ChannelServer(channel, RERANKER, {"score": score, "status": status})
     messages.send(("ready", {key: getattr(reranker, key) for key in DESCRIBED}))

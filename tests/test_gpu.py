@@ -34,6 +34,26 @@ def test_the_compiled_reranker_scores_as_eager_fp16_without_compiling_at_request
     assert scores == pytest.approx(eager, abs=2e-3)
 
 
+def test_a_compile_that_fails_leaves_the_reranker_eager_and_says_why(reranker_dir, beir_dir, tmp_path):
+    """No C compiler for Triton's launcher (as in an image without one), fresh caches so nothing
+    compiled earlier is reused: the reranker loads, scores as eager, and its state names the cause."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+from engine.rerank.cross_encoder import Reranker
+r = Reranker({str(reranker_dir)!r}, "cuda", max_length=128, batch_size=8, compile_model=True)
+assert r.compiled is None and r.compile_state.startswith("eager: compiling failed"), r.compile_state
+assert len(r.score("caffeine and the liver", ["coffee", "liver enzymes"])) == 2
+print(r.compile_state)
+"""
+    env = {**os.environ, "CC": "/bin/false", "CXX": "/bin/false", "PATH": str(tmp_path)}
+    env |= {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_engine_auto_picks_cuda(index_dir, reranker_dir):
     from engine.search import HybridEngine
     from engine.settings import EngineSettings

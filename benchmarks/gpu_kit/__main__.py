@@ -6,12 +6,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, MANIFEST, REHEARSED, STAGES, describe
 from engine.settings import EngineSettings
 
-HTTP_CLIENTS = (1, 8, 64)
+HTTP_CLIENTS = (1, 64, 8)
 # the new stages' sizes on the GPU, and in the CPU rehearsal (`rehearse`), which runs them small
 FULL = {"workers": 4, "clients": HTTP_CLIENTS, "queries": None, "compiled_queries": 50}
 SMALL = {"workers": 2, "clients": (1, 4), "queries": 40, "compiled_queries": 8}
@@ -87,9 +88,34 @@ def http(out: Path) -> int:
     return 0
 
 
-def workers(out: Path, shared: bool, small: bool) -> int:
-    """``serve --workers N`` end to end through REST: each worker with its own reranker (stage
-    ``workers``), or every worker's pairs scored by the one reranker process (stage ``shared``)."""
+SERVING = {  # stage -> (name of its results, one reranker process, retrieval on the CPU in each worker)
+    "shared": ("workers-shared-reranker", True, False),
+    "shared-cpu-retrieval": ("workers-shared-reranker-cpu-retrieval", True, True),
+    "workers": ("workers-own-reranker", False, False),
+}
+
+
+def _stage_seconds(url: str) -> dict[str, tuple[float, float]]:
+    """``/metrics``' per-stage histograms (every worker's): stage -> (seconds summed, count)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        if family.name != "search_stage_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                found.setdefault(sample.labels["stage"], [0.0, 0.0])[sample.name.endswith("_count")] += sample.value
+    return {stage: (total, count) for stage, (total, count) in found.items()}
+
+
+def serving(out: Path, stage: str, small: bool) -> int:
+    """``serve --workers N`` end to end through REST at depth 100: each worker with its own reranker
+    (``workers``), or every worker's pairs scored by the one reranker process (``shared``; with
+    ``shared-cpu-retrieval`` the workers encode queries and search vectors on the CPU, so that the
+    GPU has one owner). Warmed with 8 connections, then 1, 64 and 8 clients, each level saved as it
+    ends with the served stages' mean ms (``/metrics``) and the reranker process's own time."""
     import httpx
 
     from agents.door_load import bench_http
@@ -97,34 +123,66 @@ def workers(out: Path, shared: bool, small: bool) -> int:
     from offline.latency import save
 
     scale = SMALL if small else FULL
+    name, shared, cpu_retrieval = SERVING[stage]
     queries = _dev_queries(scale["queries"])
     port = free_port()
-    name = "workers-shared-reranker" if shared else "workers-own-reranker"
     args = ["serve", "--mcp-port", str(port), "--no-a2a", "--workers", str(scale["workers"])]
-    args += ["--shared-reranker", "on" if shared else "off", *_reranker_args()]
+    args += ["--shared-reranker", "on" if shared else "off", *_reranker_args(), "--rerank-depth", "100"]
     args += ["--rerank-cache-size", "0"]  # every query scored: the runs repeat the queries the warm-up asked
+    args += ["--retrieval-device", "cpu"] * cpu_retrieval
     url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
     server = start_server(args, f"{url}/health", out / f"{name}-server.log")
+    report: dict = {"workers": scale["workers"], "shared_reranker": shared, "start_s": 0.0, "runs": []}
     try:
-        bench_http("rest", f"{url}/search_nfcorpus", queries[:10], [1])  # warm-up: every worker's first queries
-        report = bench_http("rest", f"{url}/search_nfcorpus", queries, list(scale["clients"]))
-        health = httpx.get(f"{url}/health", timeout=30).json()
-        report |= {"workers": scale["workers"], "shared_reranker": shared, "device": health["device"]}
-        report |= {key: health.get(key) for key in ("reranker", "reranker_runtime", "rerank_depth", "reranker_process")}
-        print(json.dumps(report["runs"]), flush=True)
-        save(report, name, out)
+        report["start_s"] = round(time.perf_counter() - started, 1)
+        bench_http("rest", f"{url}/search_nfcorpus", queries[:40], [8])  # warm-up: every worker, every bucket
+        for clients in scale["clients"]:
+            before, process_before = _stage_seconds(url), _process(url)
+            run = bench_http("rest", f"{url}/search_nfcorpus", queries, [clients])["runs"][0]
+            after, process_after = _stage_seconds(url), _process(url)
+            run["stage_ms_mean"] = {
+                stage: round(1000 * (total - before.get(stage, (0, 0))[0]) / (count - before.get(stage, (0, 0))[1]), 2)
+                for stage, (total, count) in after.items()
+                if count > before.get(stage, (0, 0))[1]
+            }
+            if process_after:  # the model's own time in the same run, per query
+                batches = process_after["batches"] - process_before["batches"]
+                seconds = process_after["model_seconds"] - process_before["model_seconds"]
+                pairs = process_after["pairs"] - process_before["pairs"]
+                run["reranker_process"] = {
+                    "batches": batches,
+                    "pairs_per_batch": round(pairs / max(batches, 1), 1),
+                    "model_ms_per_batch": round(1000 * seconds / max(batches, 1), 2),
+                    "model_ms_per_query": round(1000 * seconds / max(len(queries), 1), 2),
+                }
+            report["runs"].append(run)
+            print(json.dumps(run), flush=True)
+            health = httpx.get(f"{url}/health", timeout=30).json()
+            keys = ("device", "reranker", "reranker_runtime", "reranker_compiled", "rerank_depth", "retrieval_device")
+            report |= {key: health.get(key) for key in keys} | {"reranker_process": health.get("reranker_process")}
+            save(report | {"door": "rest", "queries": len(queries)}, name, out)  # each level kept as it ends
     finally:
         print(f"server exit code {stop_server(server)}")
     return 0
 
 
-def compiled(out: Path, small: bool) -> int:
-    """The served reranker (torch) eager and compiled over its buckets: ms for one query's pairs,
-    the warm-up, and rank agreement; compiling is CUDA's only, so a CPU times eager alone."""
-    import time
+def _process(url: str) -> dict | None:
+    """The reranker process's counters, as ``/health`` shows them (None: no such process)."""
+    import httpx
 
+    process = httpx.get(f"{url}/health", timeout=30).json().get("reranker_process")
+    return process if process and process.get("reachable") else None
+
+
+def compiled(out: Path, small: bool) -> int:
+    """The served reranker (torch) eager and compiled over its buckets, each loaded with the same
+    seed (an untrained head is random): ms for one query's pairs, the model apart from making its
+    pairs, the compile's seconds and graphs per bucket, recompiles while timing, and rank agreement;
+    compiling is CUDA's only, so a CPU times eager alone."""
     import numpy as np
     import torch
+    from torch._dynamo.utils import counters
 
     from benchmarks.gpu_rerank import _pairs, _spearman
     from engine.rerank.cross_encoder import Reranker
@@ -134,33 +192,43 @@ def compiled(out: Path, small: bool) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     path, max_length = _reranker()
     settings = EngineSettings()
-    per_query = _pairs(scale["compiled_queries"], settings.rerank_depth_for(device))
-    report: dict = {"device": device, "reranker": path, "queries": len(per_query), "variants": {}}
+    per_query = _pairs(scale["compiled_queries"], 100)
+    report: dict = {"device": device, "reranker": path, "queries": len(per_query), "depth": 100, "variants": {}}
     reference: list[np.ndarray] = []
     for variant, compile_model in (("eager", False), ("compiled", True)):
         if compile_model and device != "cuda":
             report["variants"][variant] = {"skipped": "compiling is for CUDA only (rerank_compile)"}
             continue
+        torch.manual_seed(0)
         started = time.perf_counter()
         batch = settings.rerank_batch_for(device)
         reranker = Reranker(path, device, max_length, batch, "torch", "none", compile_model=compile_model)
         loaded = time.perf_counter() - started
         reranker.score_pairs(per_query[0][1])
-        times, scores = [], []
-        for _, pairs in per_query:
-            started = time.perf_counter()
-            scores.append(np.array(reranker.score_pairs(pairs)))
-            times.append(time.perf_counter() - started)
+        graphs = counters["stats"]["unique_graphs"]
+        prepare_s, model_s, scores = [], [], []
+        for query, pairs in per_query:
+            began = time.perf_counter()
+            prepared = reranker.prepare(query, [p for _, p in pairs])
+            made = time.perf_counter()
+            scores.append(np.array(reranker.finish(prepared)))
+            prepare_s.append(made - began)
+            model_s.append(time.perf_counter() - made)
         reference = reference or scores
         rho = [_spearman(r, g) for r, g in zip(reference, scores, strict=True)]
         report["variants"][variant] = {
+            "state": reranker.compile_state,
             "load_and_warm_s": round(loaded, 1),
-            "ms_per_query_p50": round(float(np.percentile(times, 50)) * 1000, 2),
-            "ms_per_query_mean": round(float(np.mean(times)) * 1000, 2),
+            "buckets": getattr(reranker.compiled, "warmed", None),
+            "recompiles_while_timed": counters["stats"]["unique_graphs"] - graphs,
+            "pairs_ms_p50": round(float(np.percentile(prepare_s, 50)) * 1000, 2),
+            "model_ms_p50": round(float(np.percentile(model_s, 50)) * 1000, 2),
+            "model_ms_mean": round(float(np.mean(model_s)) * 1000, 2),
             "spearman_vs_eager": round(float(np.mean(rho)), 4),
         }
         print(variant, report["variants"][variant], flush=True)
-    write_result(out / "compiled-reranker.json", report)
+        write_result(out / "compiled-reranker.json", report)
+        del reranker
     return 0
 
 
@@ -209,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         return rehearse([s for s in args.stages.split(",") if s], args.index_dir, args.data, args.out)
     if args.verb == "compiled":
         return compiled(args.out, args.small)
-    if args.verb in ("workers", "shared"):
-        return workers(args.out, args.verb == "shared", args.small)
+    if args.verb in SERVING:
+        return serving(args.out, args.verb, args.small)
     return {"check": check, "http": http}[args.verb](args.out)
 
 

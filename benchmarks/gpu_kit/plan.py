@@ -15,30 +15,50 @@ KIT_DIR = ".gpukit"  # ignored by git; parts and manifest live here
 MANIFEST = "manifest.json"
 
 
+MACHINE_START_MINUTES = 1.5  # the first call's wait for a machine, counted in the session's time
+GAP_MINUTES = 0.2  # between one call's end and the next call's start (the machine idles, counted)
+CALL_MINUTES = 0.3  # a call's transfers and Python start, besides its stages
+LEASE_MINUTES = 13  # the plan's whole, start and gaps included: a 15-minute machine with room to spare
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     minutes: float  # expected on an H100, installation excluded
+    timeout_s: int  # the stage is stopped (its process group killed) past this; the next one runs
     what: str
 
 
-STAGES = (  # minutes as measured on an H100 on 2026-11-24 (benchmarks/results/h100/)
-    Stage("check", 0.4, "the GPU, driver, torch and what was installed"),
-    Stage("tests", 0.5, "the GPU tests (tests/test_gpu.py) on the real CUDA path"),
-    Stage("train", 6.1, "train-reranker with the GPU recipe: every training query, 256 tokens"),
-    Stage("evaluate", 3.1, "evaluate --split dev with the GPU-trained reranker: the dev table"),
-    Stage("rerank", 1.5, "reranker pairs/s: fp32, tf32, bf16, fp16, torch.compile, CUDA graphs, rank agreement"),
-    Stage("bench", 1.4, "per-stage latency at rerank depth 0-200, queries/s at 1-128 clients, in-process"),
-    Stage("http", 3.7, "end to end through REST and A2A at 1, 8 and 64 clients"),
-    # not yet run on a GPU: minutes estimated from the CPU rehearsal's steps (`rehearse`, docs/gpu.md)
-    Stage("compiled", 1.5, "the served reranker eager and torch.compile'd over its buckets: ms a query, warm-up"),
-    Stage("workers", 2.5, "serve --workers 4, each worker with its own reranker: REST at 1, 8 and 64 clients"),
-    Stage("shared", 2.5, "serve --workers 4, one reranker process batching every worker's pairs: the same"),
+STAGES = (  # minutes measured on an H100 (2026-11-24, benchmarks/results/h100/) or, new, estimated
+    Stage("shared", 2.0, 165, "serve --workers 4, one reranker process batching every worker's pairs: REST at 1, 64, 8"),
+    Stage("compiled", 1.2, 100, "the served reranker eager and compiled: model ms apart from pairs, graphs a bucket"),
+    Stage("shared-cpu-retrieval", 1.8, 140, "shared, with each worker's query encoder and dense search on the CPU"),
+    Stage("workers", 2.0, 165, "serve --workers 4, each worker with its own reranker: REST at 1, 64 and 8 clients"),
+    Stage("check", 0.4, 60, "the GPU, driver, torch and what was installed"),
+    Stage("tests", 0.5, 90, "the GPU tests (tests/test_gpu.py) on the real CUDA path"),
+    Stage("train", 6.1, 480, "train-reranker with the GPU recipe: every training query, 256 tokens"),
+    Stage("evaluate", 3.1, 300, "evaluate --split dev with the GPU-trained reranker: the dev table"),
+    Stage("rerank", 1.5, 180, "reranker pairs/s: fp32, tf32, bf16, fp16, torch.compile, CUDA graphs (needs train)"),
+    Stage("bench", 1.4, 180, "per-stage latency at rerank depth 0-200, queries/s at 1-128 clients, in-process"),
+    Stage("http", 3.7, 300, "end to end through REST and A2A at 1, 8 and 64 clients"),
 )
 INSTALL_MINUTES = 0.2
-# Four commands after the parts arrive, each well inside COMMAND_SECONDS.
-BATCHES = (("check", "tests", "train"), ("evaluate", "rerank", "bench"), ("http",), ("compiled", "workers", "shared"))
-REHEARSED = ("compiled", "workers", "shared")  # the stages `rehearse` runs on a CPU, small
+# After the parts, the serving figures first (the call that also installs), then the checks; the
+# rest only when a lease has time left (OPTIONAL: not in the plan's total).
+BATCHES = (("shared", "compiled", "shared-cpu-retrieval", "workers"), ("check", "tests"))
+OPTIONAL = (("train",), ("evaluate", "rerank"), ("bench", "http"))
+REHEARSED = ("compiled", "workers", "shared", "shared-cpu-retrieval")  # `rehearse` runs them on a CPU, small
+
+
+def plan_minutes(parts: int) -> list[float]:
+    """Each call's expected minutes, the machine's start and the gaps included: the parts' calls,
+    then :data:`BATCHES` (the last part rides with the first batch)."""
+    calls = [CALL_MINUTES + GAP_MINUTES] * (parts - 1)
+    for i, batch in enumerate(BATCHES):
+        install = INSTALL_MINUTES if i == 0 else 0
+        calls.append(CALL_MINUTES + GAP_MINUTES + install + sum(stage(s).minutes for s in batch))
+    calls[0] += MACHINE_START_MINUTES
+    return calls
 
 
 def stage(name: str) -> Stage:
@@ -62,12 +82,18 @@ def carry(part: int) -> list[str]:
 
 def describe(parts: int) -> str:
     """The plan ``run`` prints first: one line a call, with its expected minutes."""
-    lines = [f"GPU kit: {parts} part(s) of at most {PART_BYTES // MIB} MiB; {parts + len(BATCHES) - 1} calls"]
-    for part in range(1, parts + len(BATCHES)):
-        batch = BATCHES[part - parts] if part >= parts else ()
-        minutes = 0.5 + sum(stage(s).minutes for s in batch) + (INSTALL_MINUTES if part == parts else 0)
-        took = f"carry {' '.join(carry(part))}; " if part <= parts else ""
-        lines.append(f"  call {part}: {took}{device_command(batch)}  (~{minutes:.1f} min)")
-        lines.extend(f"      {s}: {stage(s).what} (~{stage(s).minutes:.1f} min)" for s in batch)
+    minutes = plan_minutes(parts)
+    lines = [
+        f"GPU kit: {parts} part(s) of at most {PART_BYTES // MIB} MiB; {len(minutes)} calls,"
+        f" ~{sum(minutes):.1f} min with the machine's start and the gaps (at most {LEASE_MINUTES})"
+    ]
+    for call in range(1, len(minutes) + 1):
+        batch = BATCHES[call - parts] if call >= parts else ()
+        took = f"carry {' '.join(carry(call))}; " if call <= parts else ""
+        lines.append(f"  call {call}: {took}{device_command(batch)}  (~{minutes[call - 1]:.1f} min)")
+        lines.extend(f"      {s}: {stage(s).what} (~{stage(s).minutes:.1f} min, stopped at {stage(s).timeout_s} s)" for s in batch)
+    for batch in OPTIONAL:
+        took = sum(stage(s).minutes for s in batch)
+        lines.append(f"  optional, with time left: {device_command(batch)}  (~{took:.1f} min)")
     lines.append("  the calls must follow each other within the machine's 30 s idle time: /tmp is lost after it")
     return "\n".join(lines)

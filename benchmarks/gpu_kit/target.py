@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -140,17 +141,32 @@ def run_stages(stages: list[str], env: dict[str, str], results: Path, ship, smal
     for name in stages:
         started = time.perf_counter()
         with open(results / f"{name}.log", "w") as log:
-            codes = [
-                subprocess.run(c, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-                for c in commands[name]
-            ]
+            codes = [_bounded(c, env, log, stage(name).timeout_s) for c in commands[name]]
         seconds = time.perf_counter() - started
         summary[name] = {"exit": max(codes), "seconds": round(seconds, 1)}
+        if max(codes) == TIMED_OUT:
+            summary[name]["stopped"] = f"past its {stage(name).timeout_s} s"
         failed += max(codes) != 0
         print(f"{name}: exit {max(codes)} in {seconds / 60:.1f} min", flush=True)
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         ship()
     return 1 if failed else 0
+
+
+TIMED_OUT = 124
+
+
+def _bounded(command: list[str], env: dict[str, str], log, timeout_s: int) -> int:
+    """``command``'s exit code, or :data:`TIMED_OUT` when it ran past ``timeout_s``: then its whole
+    process group (a server and its workers too) is killed, so the next stage starts clean."""
+    child = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        print(f"stopped past {timeout_s} s: {' '.join(command[-4:])}", file=log, flush=True)
+        return TIMED_OUT
 
 
 def _ship(results: Path, out: Path) -> None:

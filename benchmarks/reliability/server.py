@@ -61,7 +61,9 @@ def start_server(
     """Start the CLI with ``args`` (output to ``log``) and return once ``health_url`` answers 200;
     ``preexec_fn`` runs in the child before it starts (resource limits, signal dispositions).
     ``checkout`` and ``cli``: another checkout's code and entry point (a baseline commit's)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(checkout)}
+    # the checkout first, then what the caller's path held (the GPU kit's installed wheels)
+    path = os.pathsep.join([str(checkout), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     with open(log, "w") as out:
         proc = subprocess.Popen(
             cli + args, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn

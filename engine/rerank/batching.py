@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class RerankBatcher:
         self.max_wait_s = max_wait_s
         self.max_tokens = max_tokens
         self.batches = 0
+        self.pairs = 0
+        self.model_seconds = 0.0  # in finish_together: padding, the copies and the model, rows already made
         self._inside = 0  # callers in finish(): the batch waits only for those it does not hold yet
         self._count = threading.Lock()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -73,6 +76,18 @@ class RerankBatcher:
         finally:
             with self._count:
                 self._inside -= 1
+
+    def stats(self) -> dict:
+        """Batches scored, their pairs, and the model's time on them (what a served rerank stage is
+        compared with)."""
+        n = max(self.batches, 1)
+        return {
+            "batches": self.batches,
+            "pairs": self.pairs,
+            "model_seconds": round(self.model_seconds, 3),
+            "model_ms_per_batch": round(1000 * self.model_seconds / n, 2),
+            "pairs_per_batch": round(self.pairs / n, 1),
+        }
 
     def close(self) -> None:
         self._queue.put(None)
@@ -102,8 +117,11 @@ class RerankBatcher:
 
     def _score(self, batch: list[_Request]) -> None:
         self.batches += 1
+        self.pairs += sum(len(r.prepared.rows) for r in batch)
+        started = time.perf_counter()
         try:
             scores = self.reranker.finish_together([r.prepared for r in batch])
+            self.model_seconds += time.perf_counter() - started
         except Exception as exc:  # every waiting caller learns of the failure
             for request in batch:
                 request.future.set_exception(exc)

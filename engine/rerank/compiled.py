@@ -74,15 +74,27 @@ class CompiledPasses:
         return self.forward(**inputs).logits[:n, 0].float().cpu().numpy()
 
     def warm(self) -> float:
-        """Compile every bucket now (seconds taken), so that no query waits for a compilation."""
+        """Compile every bucket now (seconds taken), so that no query waits for a compilation;
+        ``self.warmed``: each bucket's seconds and the graphs dynamo compiled for it."""
         import torch
+        from torch._dynamo.utils import counters
 
         started = time.perf_counter()
+        self.warmed: list[dict] = []
         with torch.inference_mode():
             for rows in self.rows:
                 for width in self.widths:
+                    graphs, began = counters["stats"]["unique_graphs"], time.perf_counter()
                     ids = np.full((rows, width), self.pad_id, dtype=np.int64)
                     self({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+                    self.warmed.append(
+                        {
+                            "rows": rows,
+                            "width": width,
+                            "seconds": round(time.perf_counter() - began, 2),
+                            "graphs": counters["stats"]["unique_graphs"] - graphs,
+                        }
+                    )
         seconds = time.perf_counter() - started
         log.info(
             "reranker compiled for %d batch sizes x %d lengths in %.1f s", len(self.rows), len(self.widths), seconds

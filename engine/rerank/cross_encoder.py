@@ -216,6 +216,7 @@ class Reranker(PairPreparer):
             self.first_token = FirstTokenLogits.of(self.model.transformers_model)
             if self.first_token is not None and quantize == "bf16":
                 self.first_token.head_in_fp32()
+        self.compile_state = "off"  # what /health shows: off, compiled, or eager and why
         if self.onnx is None and device == "cuda":
             self.model.half()
             if compile_model:  # only here: a CPU never compiles
@@ -229,7 +230,19 @@ class Reranker(PairPreparer):
         self.batch_size = batch_size
         self.memory_context: int = card["memory_context"]
         if self.compiled is not None:
-            self.compiled.warm()
+            try:
+                self.compiled.warm()
+                self.compile_state = "compiled"
+            except Exception as exc:  # no compiler, a Triton error...: the eager model serves
+                self._eager_from_now(exc)
+
+    def _eager_from_now(self, exc: Exception) -> None:
+        """A compiled pass that failed (at warm-up or later, not for memory) leaves the model eager for
+        good, said once in the log and in ``compile_state``."""
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+        log.warning("the compiled reranker failed (%s); it runs eager from now on", reason)
+        self.compiled = None
+        self.compile_state = f"eager: compiling failed ({reason})"
 
     def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
         import torch
@@ -284,8 +297,13 @@ class Reranker(PairPreparer):
             for part in _batches(lengths, batch):
                 features = pad_rows([rows[i] for i in part], self.tokenize.pad_id)
                 if self.compiled is not None:
-                    logits[part] = self.compiled(features)
-                    continue
+                    try:
+                        logits[part] = self.compiled(features)
+                        continue
+                    except torch.cuda.OutOfMemoryError:
+                        raise
+                    except Exception as exc:
+                        self._eager_from_now(exc)
                 inputs = {name: torch.from_numpy(array).to(device) for name, array in features.items()}
                 out = self.first_token(**inputs) if self.first_token is not None else model(**inputs).logits
                 logits[part] = out[:, 0].float().cpu().numpy()

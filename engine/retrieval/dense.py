@@ -139,6 +139,7 @@ class DenseRetriever:
             base.hnsw.efSearch = ef_search
         self.path = Path(faiss_path)
         self._index = index
+        self.device = device
         self._fast, self.backend = (index, "faiss-cpu") if writable else place_index(index, device)
         self.units: dict[int, str] = {}  # row -> unit id
         self.rows: dict[str, int] = {}  # unit id -> row: the live set

@@ -79,12 +79,19 @@ class HybridEngine:
         self.device = pick_device(settings.device)
         self.store = DocStore(index_dir / DOCS_FILE)
         self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
-        encoder = load_encoder(self.manifest.encoder, self.device)
+        retrieval_device = self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
+        encoder = load_encoder(self.manifest.encoder, retrieval_device)
         query_encoder = load_query_encoder(
-            encoder, self.manifest.encoder, self.device, settings.query_encoder_runtime, settings.query_encoder_quantize
+            encoder,
+            self.manifest.encoder,
+            retrieval_device,
+            settings.query_encoder_runtime,
+            settings.query_encoder_quantize,
         )
         dense_path, dense_seq = latest_dense(index_dir)
-        self.dense = DenseRetriever(dense_path, encoder, query_encoder, settings.hnsw_ef_search, self.device, writable)
+        self.dense = DenseRetriever(
+            dense_path, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device, writable
+        )
         if writable and not self.dense.accepts_deletes:
             raise IndexDirError(
                 f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
@@ -315,7 +322,9 @@ class HybridEngine:
             else "query-chunk cosine in 0-1, falling down the list; not a probability (no training judgments)",
             "reranker": r.name if r else None,
             "query_encoder_runtime": self.dense.query_encoder.runtime,
+            "retrieval_device": self.dense.device,
             "reranker_runtime": r.runtime if r else None,
+            "reranker_compiled": getattr(r, "compile_state", None) if r else None,
             "rerank_depth": self.rerank_depth,
             "rerank_blend": s.rerank_blend if r else None,
             "rerank_max_length": r.max_length if r else None,
