@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, MANIFEST, REHEARSED, STAGES, describe
-from engine.settings import EngineSettings
 
 HTTP_CLIENTS = (1, 64, 8)
 # the new stages' sizes on the GPU, and in the CPU rehearsal (`rehearse`), which runs them small
@@ -25,6 +24,7 @@ def check(out: Path) -> int:
     import torch
 
     from engine.search import HybridEngine
+    from engine.settings import EngineSettings
     from offline.records import write_result
 
     engine = HybridEngine(EngineSettings(rerank=False))
@@ -186,6 +186,7 @@ def compiled(out: Path, small: bool) -> int:
 
     from benchmarks.gpu_rerank import _pairs, _spearman
     from engine.rerank.cross_encoder import Reranker
+    from engine.settings import EngineSettings
     from offline.records import write_result
 
     scale = SMALL if small else FULL
