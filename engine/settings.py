@@ -139,11 +139,11 @@ class EngineSettings(BaseModel):
         " pairs of 256 tokens",
     )
     rerank_compile: bool = Field(
-        True,
+        False,
         description="on CUDA, the torch reranker compiled (torch.compile) for a few length and batch buckets and"
-        " warmed over them at start, each pass padded up to its bucket: 2.9 ms for 100 pairs on an H100 against"
-        " 4.8 eager. Not CUDA graphs (2.6 ms): they are recorded per thread, and searches call the model from"
-        " several. Ignored on a CPU",
+        " warmed over them at start, each pass padded up to its bucket; a compile that fails leaves it eager"
+        " (/health says why). Off by default: in the served path it did not pay on an H100 (docs/gpu.md), and"
+        " it needs a C compiler at run time. Ignored on a CPU",
     )
 
     # live documents

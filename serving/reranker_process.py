@@ -36,7 +36,7 @@ from serving.worker_channel import Channel, ChannelServer, WorkerUnreachable, ca
 log = logging.getLogger(__name__)
 RERANKER = "reranker"  # its address on the channel, and its name among the supervisor's children
 STATUS_TIMEOUT_S = 2.0
-DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "compile_state")
+DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running")
 
 
 def shared(settings: Settings) -> bool:
@@ -99,6 +99,11 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
     stop.wait()
     server.close(settings.serving.query_timeout_s)
     batcher.close()
+    log.info("the reranker process stopped")
+    logging.shutdown()
+    # no interpreter teardown: threads CUDA and torch leave behind (compile workers, the caching
+    # allocator's) held the process past the supervisor's wait on an H100, where it was killed
+    os._exit(0)
 
 
 def _stop_with_supervisor(stop: threading.Event) -> None:

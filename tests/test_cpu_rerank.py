@@ -116,9 +116,11 @@ def test_int8_scores_stay_near_fp32(reranker_dir, engine, tmp_path):
     query = "coffee and liver enzymes"
     fp32 = Reranker(str(folder), "cpu", max_length=64, quantize="none")
     int8 = Reranker(str(folder), "cpu", max_length=64, quantize="int8")
-    assert int8.runtime == "onnx-int8" and int8.onnx.path.name == "model-first-token-int8.onnx"
-    assert recipe(int8.onnx.path) == PLAIN  # no text to smooth on
-    assert int8.onnx.path.stat().st_size < fp32.onnx.path.stat().st_size * 0.8  # int8 weights, fp32 embeddings
+    assert int8.runtime == "onnx-int8" and int8.backend.onnx.path.name == "model-first-token-int8.onnx"
+    assert recipe(int8.backend.onnx.path) == PLAIN  # no text to smooth on
+    assert (
+        int8.backend.onnx.path.stat().st_size < fp32.backend.onnx.path.stat().st_size * 0.8
+    )  # int8 weights, fp32 embeddings
     a, b = np.array(fp32.logits([(query, d) for d in docs])), np.array(int8.logits([(query, d) for d in docs]))
     from scipy.stats import spearmanr
 
@@ -135,7 +137,7 @@ def test_bf16_ranks_as_fp32(reranker_dir, engine):
     pairs = [("coffee and liver enzymes", d) for d in docs]
     fp32 = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     bf16 = Reranker(reranker_dir, "cpu", max_length=64, quantize="bf16")
-    assert fp32.runtime == "onnx" and bf16.runtime == "torch-bf16" and bf16.onnx is None
+    assert fp32.runtime == "onnx" and bf16.runtime == "torch-bf16" and bf16.plan.backend == "torch"
     assert next(bf16.model.transformers_model.parameters()).dtype == torch.bfloat16
     a, b = np.array(fp32.logits(pairs)), np.array(bf16.logits(pairs))
     from scipy.stats import spearmanr
@@ -164,7 +166,7 @@ def test_bf16_logits_come_out_of_an_fp32_head(reranker_dir):
     assert model.classifier.weight.dtype == model.bert.pooler.dense.weight.dtype == torch.float32
     features = {k: torch.from_numpy(v) for k, v in bf16.tokenize([("coffee", "coffee and the liver")]).items()}
     with torch.inference_mode():
-        assert bf16.first_token(**features).dtype == torch.float32  # not rounded to bf16's 8 bits
+        assert bf16.backend.first_token(**features).dtype == torch.float32  # not rounded to bf16's 8 bits
 
 
 def test_pair_cache_scores_each_pair_once_within_its_lifetime():
@@ -203,8 +205,8 @@ def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranke
     words = "caffeine intake was associated with lower liver enzyme levels in the cohort".split()
     passage = " ".join(words[i % len(words)] for i in range(2000))  # ~13,000 characters
     pairs = [("coffee", passage[::-1]), ("coffee and the liver", passage)]  # the order the model batches them in
-    whole = reranker.onnx.tokenize(pairs)
-    assert reranker.logits(pairs) == [float(s) for s in reranker.onnx.run(whole)]
+    whole = reranker.backend.onnx.tokenize(pairs)
+    assert reranker.logits(pairs) == [float(s) for s in reranker.backend.onnx.run(whole)]
 
 
 @pytest.mark.slow
@@ -284,13 +286,13 @@ def test_the_trace_writes_attention_out_and_a_trace_by_an_older_recipe_is_redone
 
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)
-    traced = Reranker(str(folder), "cpu", max_length=32, quantize="none").onnx.path
+    traced = Reranker(str(folder), "cpu", max_length=32, quantize="none").backend.onnx.path
     model = onnx.load(str(traced))
     assert {p.key: p.value for p in model.metadata_props} == {TRACE_KEY: FIRST_TOKEN_TRACE}
     assert "IsNaN" not in {node.op_type for node in model.graph.node}  # SDPA guards each layer's scores with it
     del model.metadata_props[:]
     onnx.save(model, str(traced))  # as a trace made before recipes were recorded
-    assert Reranker(str(folder), "cpu", max_length=32, quantize="none").onnx.path == traced
+    assert Reranker(str(folder), "cpu", max_length=32, quantize="none").backend.onnx.path == traced
     assert {p.key: p.value for p in onnx.load(str(traced)).metadata_props} == {TRACE_KEY: FIRST_TOKEN_TRACE}
     model = onnx.load(str(traced))  # a trace by the whole-model recipe is made again too
     onnx.helper.set_model_props(model, {TRACE_KEY: TRACE})
@@ -305,7 +307,7 @@ def test_smoothing_moves_range_into_the_weights_without_changing_the_function(re
 
     from engine.rerank.int8 import _activation_maxima, _smooth, _weighted_products
 
-    traced = Reranker(reranker_dir, "cpu", max_length=64, quantize="none").onnx
+    traced = Reranker(reranker_dir, "cpu", max_length=64, quantize="none").backend.onnx
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
     feed = traced.tokenize([("coffee and liver enzymes", d) for d in docs])
     feed = {name: feed[name] for name in traced.inputs}
@@ -328,7 +330,7 @@ def test_the_engine_smooths_its_int8_reranker_on_the_index_text(index_dir, reran
     Reranker(str(folder), "cpu", max_length=64, quantize="int8")  # made plain first, without text
     settings = EngineSettings(index_dir=index_dir, device="cpu", reranker=str(folder), max_length=64)
     int8 = HybridEngine(settings.model_copy(update={"rerank_quantize": "int8"}))
-    assert int8.reranker.runtime == "onnx-int8" and recipe(int8.reranker.onnx.path) == SMOOTHED  # made again
+    assert int8.reranker.runtime == "onnx-int8" and recipe(int8.reranker.backend.onnx.path) == SMOOTHED  # made again
     fp32 = HybridEngine(settings)
     query = "coffee and liver enzymes"
     a, b = fp32.stages(query, top_k=8).rerank_scores, int8.stages(query, top_k=8).rerank_scores
@@ -346,7 +348,7 @@ def test_the_first_token_pass_gives_the_whole_models_logits(reranker_dir, engine
     reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
     pairs = [("coffee and liver enzymes", d) for d in docs] + [("soy", "tofu")]  # padded rows in the batch
-    features = {k: torch.from_numpy(v) for k, v in reranker.onnx.tokenize(pairs).items()}
+    features = {k: torch.from_numpy(v) for k, v in reranker.backend.onnx.tokenize(pairs).items()}
     with torch.inference_mode():
         whole, first = model(**features).logits, FirstTokenLogits.of(model)(**features)
     assert features["attention_mask"].min() == 0 and torch.allclose(whole, first, atol=1e-5)
@@ -370,5 +372,5 @@ def test_bf16_scores_a_cross_encoder_the_first_token_pass_does_not_know(reranker
     bf16 = Reranker(str(tmp_path), "cpu", max_length=32, quantize="bf16")
     fp32 = Reranker(str(tmp_path), "cpu", max_length=32, quantize="none")
     pairs = [("coffee", "coffee and the liver"), ("soy", "tofu and soy milk"), ("tea", "green tea")]
-    assert bf16.first_token is None and bf16.runtime == "torch-bf16"  # the whole model runs, in bf16
+    assert bf16.backend.first_token is None and bf16.runtime == "torch-bf16"  # the whole model runs, in bf16
     assert np.allclose(bf16.logits(pairs), fp32.logits(pairs), atol=0.05)

@@ -114,6 +114,8 @@ def test_final_stage_is_non_root_without_build_tools():
     assert "rm -rf /var/lib/apt/lists" in installs and "pip uninstall -y pip" in " ".join(_instruction("RUN", build))
     assert _instruction("USER", final) == ["search"] and "--uid 10001" in installs
     assert _instruction("VOLUME", final) == ['["/data/indexes"]']
+    # no compiler, so no torch.compile: the image says so itself, whatever the default becomes
+    assert "HYBRID_SEARCH_RERANK_COMPILE=false" in final
 
 
 def test_ports_healthcheck_and_entrypoint_match_the_cli():

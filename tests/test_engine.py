@@ -121,7 +121,7 @@ def test_onnx_runtime_scores_like_torch(reranker_dir, engine):
     query = "coffee and liver enzymes"
     torch_scores = Reranker(reranker_dir, "cpu", max_length=64, runtime="torch").score(query, docs)
     onnx = Reranker(reranker_dir, "cpu", max_length=64, runtime="onnx")
-    assert onnx.runtime == "onnx" and onnx.onnx.path.is_file()
+    assert onnx.runtime == "onnx" and onnx.backend.onnx.path.is_file()
     assert np.allclose(onnx.score(query, docs), torch_scores, atol=1e-4)
 
 

@@ -27,7 +27,7 @@ def test_the_compiled_reranker_scores_as_eager_fp16_without_compiling_at_request
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     eager = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32).score("caffeine and the liver", docs)
     compiled = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32, compile_model=True)
-    assert compiled.compiled is not None
+    assert compiled.backend.compiled is not None and compiled.compile_state == "compiled"
     started = time.perf_counter()
     scores = compiled.score("caffeine and the liver", docs)
     assert time.perf_counter() - started < 1.0  # a compilation takes seconds
@@ -44,7 +44,7 @@ def test_a_compile_that_fails_leaves_the_reranker_eager_and_says_why(reranker_di
     script = f"""
 from engine.rerank.cross_encoder import Reranker
 r = Reranker({str(reranker_dir)!r}, "cuda", max_length=128, batch_size=8, compile_model=True)
-assert r.compiled is None and r.compile_state.startswith("eager: compiling failed"), r.compile_state
+assert r.backend.compiled is None and r.compile_state.startswith("eager: compiling failed"), r.compile_state
 assert len(r.score("caffeine and the liver", ["coffee", "liver enzymes"])) == 2
 print(r.compile_state)
 """
@@ -85,7 +85,7 @@ def test_onnx_runtime_cuda_provider_ranks_like_torch(reranker_dir, beir_dir):
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     torch_scores = Reranker(reranker_dir, "cuda", runtime="torch").score("caffeine and the liver", docs)
     onnx = Reranker(reranker_dir, "cuda", runtime="onnx")
-    assert "CUDAExecutionProvider" in onnx.onnx.session.get_providers()
+    assert "CUDAExecutionProvider" in onnx.backend.onnx.session.get_providers()
     onnx_scores = onnx.score("caffeine and the liver", docs)
     order = lambda scores: sorted(range(len(scores)), key=lambda i: -scores[i])[:5]  # noqa: E731
     assert order(onnx_scores) == order(torch_scores)

@@ -15,9 +15,9 @@ from benchmarks.gpu_kit.pack import JAR_KEEP, cut_jar, wanted_wheels, write_part
 from benchmarks.gpu_kit.plan import (
     BATCHES,
     COMMAND_CHARS,
+    COMMAND_SECONDS,
     LEASE_MINUTES,
     OPTIONAL,
-    COMMAND_SECONDS,
     PART_BYTES,
     STAGES,
     TRANSFER_BYTES,

@@ -24,10 +24,10 @@ def check(out: Path) -> int:
     import torch
 
     from engine.search import HybridEngine
-    from engine.settings import EngineSettings
     from offline.records import write_result
+    from serving.settings import Settings
 
-    engine = HybridEngine(EngineSettings(rerank=False))
+    engine = HybridEngine(Settings().with_values(rerank=False).engine)  # the index the kit's environment names
     hits = engine.search("does vitamin D prevent falls?", 5)
     versions = {n: md.version(n) for n in ("torch", "transformers", "sentence-transformers", "faiss-cpu", "numpy")}
     report = {
@@ -159,7 +159,7 @@ def serving(out: Path, stage: str, small: bool) -> int:
             report["runs"].append(run)
             print(json.dumps(run), flush=True)
             health = httpx.get(f"{url}/health", timeout=30).json()
-            keys = ("device", "reranker", "reranker_runtime", "reranker_compiled", "rerank_depth", "retrieval_device")
+            keys = ("device", "reranker", "reranker_runtime", "reranker_plan", "rerank_depth", "retrieval_device")
             report |= {key: health.get(key) for key in keys} | {"reranker_process": health.get("reranker_process")}
             save(report | {"door": "rest", "queries": len(queries)}, name, out)  # each level kept as it ends
     finally:
@@ -220,7 +220,7 @@ def compiled(out: Path, small: bool) -> int:
         report["variants"][variant] = {
             "state": reranker.compile_state,
             "load_and_warm_s": round(loaded, 1),
-            "buckets": getattr(reranker.compiled, "warmed", None),
+            "buckets": getattr(reranker.backend.compiled, "warmed", None),
             "recompiles_while_timed": counters["stats"]["unique_graphs"] - graphs,
             "pairs_ms_p50": round(float(np.percentile(prepare_s, 50)) * 1000, 2),
             "model_ms_p50": round(float(np.percentile(model_s, 50)) * 1000, 2),

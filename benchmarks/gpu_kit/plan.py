@@ -29,13 +29,13 @@ class Stage:
     what: str
 
 
-STAGES = (  # minutes measured on an H100 (2026-11-24, benchmarks/results/h100/) or, new, estimated
-    Stage("shared", 2.0, 165, "serve --workers 4, one reranker process batching every worker's pairs: REST at 1, 64, 8"),
-    Stage("compiled", 1.2, 100, "the served reranker eager and compiled: model ms apart from pairs, graphs a bucket"),
-    Stage("shared-cpu-retrieval", 1.8, 140, "shared, with each worker's query encoder and dense search on the CPU"),
-    Stage("workers", 2.0, 165, "serve --workers 4, each worker with its own reranker: REST at 1, 64 and 8 clients"),
+STAGES = (  # minutes as measured on an H100: 2026-11-24 (benchmarks/results/h100/), 2026-11-26 (h100-serving/)
+    Stage("shared", 1.4, 165, "serve --workers 4, one reranker process for every worker's pairs: REST at 1, 64, 8"),
+    Stage("compiled", 0.7, 100, "the served reranker eager and compiled: model ms apart from pairs, graphs a bucket"),
+    Stage("shared-cpu-retrieval", 1.1, 140, "shared, with each worker's query encoder and dense search on the CPU"),
+    Stage("workers", 1.3, 165, "serve --workers 4, each worker with its own reranker: REST at 1, 64 and 8 clients"),
     Stage("check", 0.4, 60, "the GPU, driver, torch and what was installed"),
-    Stage("tests", 0.5, 90, "the GPU tests (tests/test_gpu.py) on the real CUDA path"),
+    Stage("tests", 1.4, 150, "the GPU tests (tests/test_gpu.py) on the real CUDA path"),
     Stage("train", 6.1, 480, "train-reranker with the GPU recipe: every training query, 256 tokens"),
     Stage("evaluate", 3.1, 300, "evaluate --split dev with the GPU-trained reranker: the dev table"),
     Stage("rerank", 1.5, 180, "reranker pairs/s: fp32, tf32, bf16, fp16, torch.compile, CUDA graphs (needs train)"),
@@ -91,7 +91,9 @@ def describe(parts: int) -> str:
         batch = BATCHES[call - parts] if call >= parts else ()
         took = f"carry {' '.join(carry(call))}; " if call <= parts else ""
         lines.append(f"  call {call}: {took}{device_command(batch)}  (~{minutes[call - 1]:.1f} min)")
-        lines.extend(f"      {s}: {stage(s).what} (~{stage(s).minutes:.1f} min, stopped at {stage(s).timeout_s} s)" for s in batch)
+        for name in batch:
+            known = stage(name)
+            lines.append(f"      {name}: {known.what} (~{known.minutes:.1f} min, stopped at {known.timeout_s} s)")
     for batch in OPTIONAL:
         took = sum(stage(s).minutes for s in batch)
         lines.append(f"  optional, with time left: {device_command(batch)}  (~{took:.1f} min)")

@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
-from engine.rerank.compiled import CompiledPasses
+from engine.rerank.backends import OnnxBackend, TorchBackend
 from engine.rerank.onnx import OnnxCrossEncoder, Pairs
 from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
-from engine.rerank.pair_tokens import PairRow, PairTokenizer, pad_rows
+from engine.rerank.pair_tokens import PairRow, PairTokenizer
+from engine.rerank.plan import RerankerError, native_bf16, plan_reranker
 from engine.retrieval.encoder import resolve_model
 from engine.store.tokens import CHARS_PER_TOKEN, TextTokenizer
 
 log = logging.getLogger(__name__)
 CARD_FILE = "model_card.json"  # written by `train-reranker`; a model from elsewhere may have none
-
-
-class RerankerError(RuntimeError):
-    """The reranker folder or id cannot be loaded."""
 
 
 class Scorer(Protocol):
@@ -136,16 +131,17 @@ class PairPreparer:
 
 
 class Reranker(PairPreparer):
-    """Scores (query, document) pairs jointly, in length-sorted batches.
+    """Scores (query, document) pairs jointly, in length-sorted batches, as its plan says
+    (:func:`~engine.rerank.plan.plan_reranker`: the backend, precision and compile decided once
+    from ``device``, ``runtime``, ``quantize``, ``compile_model`` and the model's card).
 
     ``runtime``: ``torch`` (fp16 on CUDA), ``onnx`` (ONNX Runtime, same scores, faster on a CPU), or
     ``auto``: ONNX Runtime on a CPU when it can trace the model (torch when bf16 is chosen), else
-    torch. ``quantize="int8"``: ONNX Runtime's dynamic int8 model (needs ONNX Runtime), smoothed on
-    the pairs ``calibration`` gives when it has to be made; ``"bf16"``: torch in bfloat16 on a CPU
-    (fast where the CPU multiplies bf16 itself); ``"auto"``: see :func:`_auto_precision`. ``cache``:
-    scores of pairs seen lately. ``length_cap``: at most this many tokens a pair, whatever the model
-    was trained with. ``compile_model``: on CUDA with torch, the
-    model compiled over a few shapes and warmed now (:mod:`engine.rerank.compiled`); else ignored.
+    torch. ``quantize="int8"``: ONNX Runtime's dynamic int8 model, smoothed on the pairs
+    ``calibration`` gives when it has to be made; ``"bf16"``: torch in bfloat16 on a CPU; ``"auto"``:
+    see the plan. ``cache``: scores of pairs seen lately. ``length_cap``: at most this many tokens a
+    pair, whatever the model was trained with. ``compile_model``: on CUDA with torch, the model
+    compiled over a few shapes and warmed now (:mod:`engine.rerank.compiled`), eager if that fails.
     """
 
     def __init__(
@@ -167,24 +163,11 @@ class Reranker(PairPreparer):
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             raise RerankerError(f"{name}: not a model folder (no config.json)")
         card = _read_card(Path(source) / CARD_FILE)
-        if quantize == "auto":
-            quantize = _auto_precision(card["cpu_quantize"], device, runtime)
-        if quantize == "bf16" and device != "cpu":  # a setting carried to a GPU machine keeps its reranker
-            log.warning("--rerank-quantize bf16 is for a CPU; on %s the reranker runs in fp16", device)
-            quantize = "none"
-        if quantize == "bf16":
-            if runtime == "onnx":
-                raise RerankerError("--rerank-quantize bf16 needs the torch runtime, not onnx")
-            if not native_bf16():
-                log.warning("this CPU has no native bf16 (AVX512-BF16 or AMX): bf16 reranking will be slow")
-            wanted = "torch"
-        else:
-            wanted = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
-        if quantize == "int8" and wanted != "onnx":
-            raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
+        bf16_native = device == "cpu" and native_bf16()
+        plan = plan_reranker(device, runtime, quantize, compile_model, card["cpu_quantize"], bf16_native)
         try:
             self.model = CrossEncoder(
-                source, device="cpu" if wanted == "onnx" else device, max_length=max_length, num_labels=1
+                source, device="cpu" if plan.backend == "onnx" else device, max_length=max_length, num_labels=1
             )
         except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
             raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
@@ -192,57 +175,42 @@ class Reranker(PairPreparer):
         positions = getattr(self.model.transformers_model.config, "max_position_embeddings", 512)
         self.model.max_seq_length = min(self.model.max_seq_length or positions, positions, length_cap or positions)
         super().__init__(self.model.tokenizer, self.model.max_seq_length, cache)
-        self.onnx: OnnxCrossEncoder | None = None
-        if wanted == "onnx":
+        self.backend: OnnxBackend | TorchBackend
+        if plan.backend == "onnx":
             try:
-                self.onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize, calibration)
+                quantize = "int8" if plan.precision == "int8" else "none"
+                onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize, calibration)
+                self.backend = OnnxBackend(onnx, plan, batch_size, self.tokenize.pad_id)
             except Exception as exc:  # tracing or the runtime failed: say so, and why
-                if runtime == "onnx" or quantize != "none":
+                if not plan.torch_if_onnx_fails:
                     raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc
-                log.warning("ONNX Runtime cannot run %s (%s); scoring with torch", name, exc)
-                self.model.to(device)
-        self.compiled: CompiledPasses | None = None
-        if quantize == "bf16":  # eager attention: PyTorch's SDPA is the slower kernel in bf16 on a CPU
-            import torch
-
-            self.model.transformers_model.set_attn_implementation("eager")
-            self.model.to(torch.bfloat16)
-        # on a CPU torch runs the last layer for [CLS] alone where the architecture allows (CUDA keeps
-        # the whole model, compiled)
-        self.first_token = None
-        if self.onnx is None and device == "cpu":
-            from engine.rerank.first_token import FirstTokenLogits  # torch, imported where it is used
-
-            self.first_token = FirstTokenLogits.of(self.model.transformers_model)
-            if self.first_token is not None and quantize == "bf16":
-                self.first_token.head_in_fp32()
-        self.compile_state = "off"  # what /health shows: off, compiled, or eager and why
-        if self.onnx is None and device == "cuda":
-            self.model.half()
-            if compile_model:  # only here: a CPU never compiles
-                model, pad_id = self.model.transformers_model, self.tokenize.pad_id
-                self.compiled = CompiledPasses(model, pad_id, batch_size, self.max_length)
-        self.runtime = ("onnx" if quantize == "none" else f"onnx-{quantize}") if self.onnx is not None else "torch"
-        if quantize == "bf16":
-            self.runtime = "torch-bf16"
+                plan = plan.on_torch(f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+        if plan.backend == "torch":
+            self.backend = TorchBackend(self.model, plan, batch_size, self.max_length, self.tokenize.pad_id)
+        for note in plan.notes:
+            log.warning("reranker %s: %s", name, note)
+        self.plan = plan
+        self.runtime = plan.runtime
         self.name = name
-        self.device = device
-        self.batch_size = batch_size
         self.memory_context: int = card["memory_context"]
-        if self.compiled is not None:
-            try:
-                self.compiled.warm()
-                self.compile_state = "compiled"
-            except Exception as exc:  # no compiler, a Triton error...: the eager model serves
-                self._eager_from_now(exc)
 
-    def _eager_from_now(self, exc: Exception) -> None:
-        """A compiled pass that failed (at warm-up or later, not for memory) leaves the model eager for
-        good, said once in the log and in ``compile_state``."""
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
-        log.warning("the compiled reranker failed (%s); it runs eager from now on", reason)
-        self.compiled = None
-        self.compile_state = f"eager: compiling failed ({reason})"
+    @property
+    def device(self) -> str:
+        """Where the model runs now (a GPU out of memory at batch size 1 moves it to the CPU)."""
+        return self.backend.device
+
+    @property
+    def batch_size(self) -> int:
+        return self.backend.batch_size
+
+    @property
+    def compile_state(self) -> str:
+        return self.backend.compile_state
+
+    @property
+    def running(self) -> dict:
+        """The plan as carried out: what ``/health`` shows."""
+        return self.plan.shown() | {"compile": self.compile_state, "batch_size": self.batch_size}
 
     def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
         import torch
@@ -258,83 +226,7 @@ class Reranker(PairPreparer):
         return self._logits(self.tokenize.rows(texts), [len(q) + len(p) for q, p in texts])
 
     def _logits(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
-        """The model's logits for ``rows``, in batches of rows of similar ``lengths``.
-
-        A GPU out-of-memory error never fails the request: the batch is halved until it fits (and
-        stays that size), and at batch size 1 the model moves to the CPU for good.
-        """
-        import torch
-
-        if self.onnx is not None:
-            logits = np.empty(len(rows), dtype=np.float32)
-            for batch in _batches(lengths, self.batch_size):
-                logits[batch] = self.onnx.run(pad_rows([rows[i] for i in batch], self.tokenize.pad_id))
-            return [float(s) for s in logits]
-        batch = self.batch_size
-        while True:
-            try:
-                return self._torch_logits(rows, lengths, batch)
-            except torch.cuda.OutOfMemoryError:
-                self.compiled = None  # eager from now on: its compiled buckets were for the larger batches
-                torch.cuda.empty_cache()
-                if batch > 1:
-                    batch //= 2
-                    log.warning("GPU out of memory: reranking in batches of %d from now on", batch)
-                    self.batch_size = batch
-                    continue
-                log.warning("GPU out of memory at batch size 1: reranking on the CPU from now on")
-                self.model.to("cpu").float()
-                self.device = "cpu"
-
-    def _torch_logits(self, rows: list[PairRow], lengths: list[int], batch: int) -> list[float]:
-        """The model's logits for ``rows`` in length-sorted batches of ``batch``."""
-        import torch
-
-        model = self.model.transformers_model
-        device = next(model.parameters()).device
-        logits = np.empty(len(rows), dtype=np.float32)
-        with torch.inference_mode():
-            for part in _batches(lengths, batch):
-                features = pad_rows([rows[i] for i in part], self.tokenize.pad_id)
-                if self.compiled is not None:
-                    try:
-                        logits[part] = self.compiled(features)
-                        continue
-                    except torch.cuda.OutOfMemoryError:
-                        raise
-                    except Exception as exc:
-                        self._eager_from_now(exc)
-                inputs = {name: torch.from_numpy(array).to(device) for name, array in features.items()}
-                out = self.first_token(**inputs) if self.first_token is not None else model(**inputs).logits
-                logits[part] = out[:, 0].float().cpu().numpy()
-        return logits.tolist()
-
-
-def _batches(lengths: list[int], size: int) -> Iterator[list[int]]:
-    """Positions in batches of ``size``, shortest first (padding costs less)."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    for start in range(0, len(order), size):
-        yield order[start : start + size]
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where a bf16 model runs
-    ~1.8x the pairs per second of fp32; elsewhere bf16 is emulated and slower than fp32."""
-    import torch
-
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes (2.x)
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-
-
-def _auto_precision(card_quantize: str, device: str, runtime: str) -> str:
-    """``--rerank-quantize auto``: a distilled CPU student as its card says (int8); with the runtime
-    left to auto too, on a CPU with native bf16, bf16 (the same ranking within 0.001 dev nDCG@10,
-    docs/cpu-reranking.md); anything else runs as trained."""
-    if device != "cpu":
-        return "none"
-    if card_quantize != "none":
-        return card_quantize if runtime in ("auto", "onnx") else "none"
-    return "bf16" if runtime == "auto" and native_bf16() else "none"
+        return [float(s) for s in self.backend.logits(rows, lengths)]
 
 
 def _read_card(card: Path) -> dict:

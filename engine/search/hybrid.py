@@ -79,7 +79,9 @@ class HybridEngine:
         self.device = pick_device(settings.device)
         self.store = DocStore(index_dir / DOCS_FILE)
         self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
-        retrieval_device = self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
+        self.retrieval_device = retrieval_device = (
+            self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
+        )
         encoder = load_encoder(self.manifest.encoder, retrieval_device)
         query_encoder = load_query_encoder(
             encoder,
@@ -322,9 +324,10 @@ class HybridEngine:
             else "query-chunk cosine in 0-1, falling down the list; not a probability (no training judgments)",
             "reranker": r.name if r else None,
             "query_encoder_runtime": self.dense.query_encoder.runtime,
-            "retrieval_device": self.dense.device,
+            "retrieval_device": self.retrieval_device,
+            "dense_backend": self.dense.backend,
             "reranker_runtime": r.runtime if r else None,
-            "reranker_compiled": getattr(r, "compile_state", None) if r else None,
+            "reranker_plan": getattr(r, "running", None) if r else None,  # a Ray deployment's client shows none
             "rerank_depth": self.rerank_depth,
             "rerank_blend": s.rerank_blend if r else None,
             "rerank_max_length": r.max_length if r else None,

@@ -1,0 +1,116 @@
+"""The two ways a :class:`~engine.rerank.plan.RerankPlan` runs a cross-encoder's logits: ONNX
+Runtime, or torch (fp16 on CUDA, compiled where the plan says; bf16 or the [CLS]-only last layer on
+a CPU). Each takes token rows already made (:mod:`engine.rerank.pair_tokens`) and scores them in
+length-sorted batches, so that a batch pads to its longest pair, not to the longest of the query."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+
+from engine.rerank.onnx import OnnxCrossEncoder
+from engine.rerank.pair_tokens import PairRow, pad_rows
+from engine.rerank.plan import RerankPlan
+
+log = logging.getLogger(__name__)
+
+
+class OnnxBackend:
+    """ONNX Runtime's session over the model's trace (int8 where the plan says)."""
+
+    def __init__(self, onnx: OnnxCrossEncoder, plan: RerankPlan, batch_size: int, pad_id: int) -> None:
+        self.onnx, self.device, self.batch_size, self.pad_id = onnx, plan.device, batch_size, pad_id
+        self.compile_state = "off"
+
+    def logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
+        logits = np.empty(len(rows), dtype=np.float32)
+        for batch in batches(lengths, self.batch_size):
+            logits[batch] = self.onnx.run(pad_rows([rows[i] for i in batch], self.pad_id))
+        return logits
+
+
+class TorchBackend:
+    """The torch model as the plan prepares it. A GPU out-of-memory error never fails a request:
+    the batch is halved until it fits (and stays that size), and at batch size 1 the model moves to
+    the CPU for good. A compiled pass that fails (no compiler, a Triton error), at warm-up or later,
+    leaves the model eager for good, said once in the log and in ``compile_state``."""
+
+    def __init__(self, cross_encoder, plan: RerankPlan, batch_size: int, max_length: int, pad_id: int) -> None:
+        import torch
+
+        from engine.rerank.compiled import CompiledPasses
+        from engine.rerank.first_token import FirstTokenLogits
+
+        self.model = cross_encoder.transformers_model
+        self.device, self.batch_size, self.pad_id = plan.device, batch_size, pad_id
+        cross_encoder.to(plan.device)
+        if plan.precision == "bf16":  # eager attention: PyTorch's SDPA is the slower kernel in bf16 on a CPU
+            self.model.set_attn_implementation("eager")
+            cross_encoder.to(torch.bfloat16)
+        elif plan.precision == "fp16":
+            cross_encoder.half()
+        self.first_token = FirstTokenLogits.of(self.model) if plan.first_token else None
+        if self.first_token is not None and plan.precision == "bf16":
+            self.first_token.head_in_fp32()
+        self.compiled: CompiledPasses | None = None
+        self.compile_state = "off"  # off, compiled, or eager and why
+        if plan.compile:
+            try:
+                self.compiled = CompiledPasses(self.model, pad_id, batch_size, max_length)
+                self.compiled.warm()  # every bucket now: no query waits for a compilation
+                self.compile_state = "compiled"
+            except Exception as exc:
+                self._eager_from_now(exc)
+
+    def logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
+        import torch
+
+        while True:
+            try:
+                return self._logits(rows, lengths)
+            except torch.cuda.OutOfMemoryError:
+                self.compiled = None  # eager from now on: its compiled buckets were for the larger batches
+                torch.cuda.empty_cache()
+                if self.batch_size > 1:
+                    self.batch_size //= 2
+                    log.warning("GPU out of memory: reranking in batches of %d from now on", self.batch_size)
+                    continue
+                log.warning("GPU out of memory at batch size 1: reranking on the CPU from now on")
+                self.model.to("cpu").float()
+                self.device = "cpu"
+
+    def _logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
+        import torch
+
+        device = next(self.model.parameters()).device
+        logits = np.empty(len(rows), dtype=np.float32)
+        with torch.inference_mode():
+            for part in batches(lengths, self.batch_size):
+                features = pad_rows([rows[i] for i in part], self.pad_id)
+                if self.compiled is not None:
+                    try:
+                        logits[part] = self.compiled(features)
+                        continue
+                    except torch.cuda.OutOfMemoryError:
+                        raise
+                    except Exception as exc:
+                        self._eager_from_now(exc)
+                inputs = {name: torch.from_numpy(array).to(device) for name, array in features.items()}
+                out = self.first_token(**inputs) if self.first_token is not None else self.model(**inputs).logits
+                logits[part] = out[:, 0].float().cpu().numpy()
+        return logits
+
+    def _eager_from_now(self, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+        log.warning("the compiled reranker failed (%s); it runs eager from now on", reason)
+        self.compiled = None
+        self.compile_state = f"eager: compiling failed ({reason})"
+
+
+def batches(lengths: list[int], size: int) -> Iterator[list[int]]:
+    """Positions in batches of ``size``, shortest first (padding costs less)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    for start in range(0, len(order), size):
+        yield order[start : start + size]
