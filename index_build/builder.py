@@ -7,7 +7,6 @@ import functools
 import logging
 import os
 import shutil
-import tempfile
 import time
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.documents import unit_id
-from engine.retrieval.dense import build_faiss, encode
+from engine.retrieval.dense import encode
 from engine.retrieval.encoder import load_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import write_memory
@@ -26,19 +25,23 @@ from engine.store.index_dir import (
     BM25_DIR,
     DENSE_FILE,
     DOCS_FILE,
+    FORMAT_VERSION,
     MEMORY_DIR,
     RERANKER_DIR,
     IndexDirError,
     Manifest,
     read_manifest,
 )
-from engine.store.tokens import TextTokenizer, TextTokens
+from engine.store.tokens import TextTokenizer
 from engine.text import chunk_text
 from index_build.adapt import FULL_MISSING, AdaptError, adapt_index
 from index_build.adapt.generated import QueryWriter
 from index_build.corpus import Corpus, open_corpus
+from index_build.dense_index import build_dense, check_factory
+from index_build.parts import BuildFolder, Part, plan_parts
 from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
+from index_build.vectors import GivenVectors, VectorsError
 from offline.dataset import Dataset
 from offline.progress import track
 
@@ -54,12 +57,17 @@ def build_index(
     ray: str | None = None,
     questions: QueryWriter | None = None,
 ) -> Manifest:
-    """Build into a temporary sibling folder, then swap it in, so readers never see half an index.
+    """Build into a work folder beside the target, then swap it in, so readers never see half an index.
 
     ``corpus``: default, what ``build.data_dir`` holds (a BEIR dataset or a folder of files).
     ``ray``: encode the corpus across the Ray cluster at this address ("local": start one); the
     index is the same. ``questions``: a chat server whose questions join the adaptation's
-    pseudo-queries (``--llm-url``).
+    pseudo-queries (``--llm-url``). ``build.vectors``: take the chunks' vectors from this file
+    (:mod:`index_build.vectors`) instead of encoding them.
+
+    The corpus is encoded, tokenized and stored ``build.part_chunks`` chunks at a time, so memory is
+    bounded by a part, not the corpus, and each finished part is kept (:class:`BuildFolder`): a build
+    that stops, killed or failed, resumes where it stopped when run again with the same inputs.
 
     With training judgments, the learned fusion is trained on the new index before the swap; without
     them, ``build.adapt`` learns from the documents (:mod:`index_build.adapt`) before the swap, so an
@@ -75,30 +83,45 @@ def build_index(
         reasons = "; ".join(f"{name}: {why}" for name, why in corpus.skipped[:5])
         raise ValueError(f"{corpus.root}: no file could be read ({reasons})")
     target = Path(settings.index_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
-    try:
-        docs = corpus.documents
-        units = [(d["document_id"], c) for d in docs for c in d["chunks"]]
-        texts = [chunk_text(c["title"], c["content"]) for _, c in units]
-        _build_bm25(tmp / BM25_DIR, docs, progress)
-        device = pick_device(settings.device)
-        encoder = load_encoder(build.encoder, device)
-        if not texts:
-            vectors = np.zeros((0, encoder.get_embedding_dimension()), dtype=np.float32)
-        elif ray is not None:
-            from index_build.ray_encode import encode_on_ray
-
-            vectors = encode_on_ray(texts, build.encoder, settings.device, settings.encode_batch_size, ray)
-        else:
-            bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
-            vectors = encode(encoder, texts, settings.encode_batch_size, bar)
+    docs = corpus.documents
+    parts = plan_parts(docs, build.part_chunks)
+    chunks = parts[-1].rows.stop if parts else 0
+    device = pick_device(settings.device)
+    encoder = load_encoder(build.encoder, device)
+    dimension = encoder.get_embedding_dimension()
+    check_factory(build.dense_index, dimension)
+    key = {
+        "fingerprint": corpus.fingerprint,
+        "encoder": build.encoder,
+        "chunks": chunks,
+        "part_chunks": build.part_chunks,
+        "vectors": _vectors_key(build.vectors),
+        "format": FORMAT_VERSION,
+    }
+    with BuildFolder.open(target, key) as work:
+        given = None
+        if build.vectors is not None:
+            given = GivenVectors(build.vectors, _record_ids(docs), dimension, work.path)
+        tmp = work.path / "index"
+        tmp.mkdir(exist_ok=True)
+        if not work.done("bm25"):
+            shutil.rmtree(tmp / BM25_DIR, ignore_errors=True)
+            _build_bm25(tmp / BM25_DIR, docs, progress)
+            work.mark("bm25")
+        encode_part = _encoder(encoder, build.encoder, settings, given, ray, progress)
+        todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
+        for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(parts) > 1):
+            work.save_vectors(part, encode_part(_texts(docs[part.docs]), part.rows), chunks)
+        tokenizer = TextTokenizer(encoder.tokenizer)  # the rerankers' token ids: MiniLM rerankers share it
+        if not work.done("store"):
+            _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
+            work.mark("store")
+        vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
+        index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress)
         import faiss
 
-        faiss.write_index(build_faiss(vectors, build.dense_index, build.hnsw_m), str(tmp / DENSE_FILE))
-        # the rerankers' token ids: every MiniLM reranker shares the encoder's tokenizer
-        tokenizer = TextTokenizer(encoder.tokenizer)
-        _write_store(tmp / DOCS_FILE, docs, tokenizer(texts))
+        faiss.write_index(index, str(tmp / DENSE_FILE))
+        del index, vectors
         dataset = corpus.dataset
         memory = (
             _build_memory(tmp / MEMORY_DIR, dataset, build.memory_split, settings, encoder, tokenizer)
@@ -110,8 +133,8 @@ def build_index(
             fingerprint=corpus.fingerprint,
             documents=len(docs),
             encoder=build.encoder,
-            dimension=int(vectors.shape[1]),
-            dense_index=build.dense_index,
+            dimension=dimension,
+            dense_index=_named(dense["factory"]),
             bm25={"k1": settings.bm25_k1, "b": settings.bm25_b},
             memory=memory,
             passage_tokens=tokenizer.recipe,
@@ -122,7 +145,9 @@ def build_index(
                 "device": device,
                 "encode_batch_size": settings.encode_batch_size,
                 "hnsw_m": build.hnsw_m,
-                "chunks": len(units),
+                "chunks": chunks,
+                "dense": dense,
+                **({"vectors": given.source} if given is not None else {}),
                 **({"files": corpus.files, "skipped_files": len(corpus.skipped)} if dataset is None else {}),
             },
         )
@@ -131,14 +156,61 @@ def build_index(
         judged = dataset is not None and training_split(manifest, dataset) is not None
         if judged and settings.fusion != "rrf":
             train_fusion(settings.model_copy(update={"index_dir": tmp}), dataset, progress=progress)
-        elif not judged and build.adapt != "none" and texts:
+        elif not judged and build.adapt != "none" and chunks:
             adapt_index(settings.model_copy(update={"index_dir": tmp}), build, progress=progress, writer=questions)
         _swap_in(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        work.finish()
     log.info("built %s: %d documents in %.1f s", target, manifest.documents, time.perf_counter() - started)
     return manifest
+
+
+def _named(factory: str) -> str:
+    """The manifest's name of a dense index: flat and hnsw as before, anything else its factory string."""
+    return "flat" if factory == "Flat" else "hnsw" if factory.startswith("HNSW") else factory
+
+
+def _vectors_key(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    stat = Path(path).stat() if Path(path).is_file() else None
+    return {
+        "file": str(Path(path).resolve()),
+        "bytes": stat.st_size if stat else None,
+        "mtime_ns": stat.st_mtime_ns if stat else None,
+    }
+
+
+def _record_ids(docs: list[dict]) -> list[str]:
+    """Each chunk's record id, for vectors given a record each: a record split in several chunks
+    cannot take one vector."""
+    split = next((d for d in docs if len(d["chunks"]) != 1), None)
+    if split is not None:
+        raise VectorsError(
+            f"--vectors needs one chunk a record, but {split['document_id']!r} has {len(split['chunks'])}"
+            " (a BEIR corpus keeps a record whole; for files, vectors cannot match chunks the build cuts)"
+        )
+    return [d["document_id"] for d in docs]
+
+
+def _texts(docs: list[dict]) -> list[str]:
+    return [chunk_text(c["title"], c["content"]) for d in docs for c in d["chunks"]]
+
+
+def _encoder(encoder, name: str, settings: EngineSettings, given: GivenVectors | None, ray: str | None, progress: bool):
+    """What makes a part's vectors from its texts and rows: the given file's rows, Ray's workers
+    (the encoder ``name``), or here."""
+
+    def part_vectors(texts: list[str], rows: range) -> np.ndarray:
+        if given is not None:
+            return given.rows(rows.start, rows.stop)
+        if ray is not None:
+            from index_build.ray_encode import encode_on_ray
+
+            return encode_on_ray(texts, name, settings.device, settings.encode_batch_size, ray)
+        bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
+        return encode(encoder, texts, settings.encode_batch_size, bar)
+
+    return part_vectors
 
 
 def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
@@ -154,17 +226,21 @@ def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
     index.close()
 
 
-def _write_store(path: Path, docs: list[dict], tokens: list[TextTokens]) -> None:
-    """Every document with its chunks' token ids; the chunks' rows are their positions in the build
-    (the dense index's ids)."""
+def _write_store(path: Path, docs: list[dict], parts: list[Part], tokenizer: TextTokenizer, progress: bool) -> None:
+    """Every document with its chunks' token ids, a part a transaction, tokenized a part at a time
+    (all at once, tokenizing held every encoding alive: 47 KB a passage). A stopped build keeps the
+    parts it stored: the store's next row says where to go on."""
     store = DocStore(path)
-    start = 0
-    placed = []
-    for doc in docs:
-        rows = list(range(start, start + len(doc["chunks"])))
-        placed.append((doc, rows, tokens[start : start + len(rows)]))
-        start += len(rows)
-    store.write_documents(placed)
+    stored = store.meta("next_row")
+    todo = [part for part in parts if part.rows.start >= stored and (part.rows or stored == 0)]
+    for part in track(todo, "document store", "part", enabled=progress and len(parts) > 1):
+        tokens = tokenizer(_texts(docs[part.docs]))
+        placed, row = [], part.rows.start
+        for doc in docs[part.docs]:
+            rows = list(range(row, row + len(doc["chunks"])))
+            placed.append((doc, rows, tokens[row - part.rows.start : row - part.rows.start + len(rows)]))
+            row += len(rows)
+        store.write_documents(placed)
     store.close()
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.settings import DEFAULT_ENCODER, MaybeStr
+from engine.settings import DEFAULT_ENCODER, MaybePath, MaybeStr
 
 
 class BuildSettings(BaseModel):
@@ -23,8 +23,23 @@ class BuildSettings(BaseModel):
     encoder: str = Field(
         DEFAULT_ENCODER, description="sentence-transformers id or folder (the default has an offline copy)"
     )
-    dense_index: Literal["flat", "hnsw"] = Field(
-        "flat", description="flat = exact inner product (right below ~1M docs); hnsw = approximate, for large corpora"
+    dense_index: str = Field(
+        "auto",
+        description="the dense index: auto = exact below 200,000 chunks, ivf above; flat = exact inner product; ivf ="
+        " an inverted file of 8-bit codes, its lists and probes from the size and its recall@100 against exact"
+        " measured at build (the manifest keeps it); hnsw = a graph (takes no live writes); or a FAISS"
+        " index_factory string (IVF4096,PQ48)",
+    )
+    part_chunks: int = Field(
+        50_000,
+        ge=1,
+        description="chunks encoded, tokenized and stored at a time: memory is bounded by a part, and a stopped build"
+        " resumes from its last finished part",
+    )
+    vectors: MaybePath = Field(
+        None,
+        description="the chunks' vectors, made elsewhere, instead of encoding: a .npy (one row a record, in the"
+        " corpus's order) or a .parquet with _id and vector columns; --encoder must name the model that made them",
     )
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree (an hnsw dense index only)")
     memory_split: MaybeStr = Field(

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 log = logging.getLogger("hybrid_search.progress")
 _QUARTERS = (0.25, 0.5, 0.75)
+EVERY_S = 60.0  # long work says how far it got at least this often
 
 
 class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
@@ -47,22 +48,31 @@ class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
             yield from self._logged()
 
     def _logged(self) -> Iterator[T]:
+        """A line at the start, at each quarter and at least every :data:`EVERY_S` seconds (with the
+        rate and the time left), and at the end."""
         started, total = time.perf_counter(), self.total
         marks = sorted({int(q * total) for q in _QUARTERS} - {0}) if total else []
         log.info("%s: started%s", self.desc, f" ({total:,} {self.units})" if total else "")
-        done = 0
+        done, last = 0, started
         for item in self.items:
             yield item
             done += 1
-            if marks and done == marks[0]:
+            now = time.perf_counter()
+            quarter = bool(marks) and done == marks[0]
+            if quarter:
                 marks.pop(0)
+            if (quarter or now - last >= EVERY_S) and total:
+                last = now
+                rate = done / (now - started)
                 log.info(
-                    "%s: %d%% (%s/%s %s)%s",
+                    "%s: %d%% (%s/%s %s), %s/s, about %s left%s",
                     self.desc,
-                    round(100 * done / total),
+                    int(100 * done / total),
                     f"{done:,}",
                     f"{total:,}",
                     self.units,
+                    f"{rate:,.2f}" if rate < 10 else f"{rate:,.0f}",
+                    _duration((total - done) / rate) if rate > 0 else "?",
                     self._suffix(),
                 )
         seconds = time.perf_counter() - started
@@ -77,3 +87,11 @@ def _plural(unit: str) -> str:
     if unit.endswith("y") and unit[-2:-1] not in tuple("aeiou"):
         return unit[:-1] + "ies"
     return unit + ("es" if unit.endswith(("s", "x", "ch", "sh")) else "s")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -112,7 +112,7 @@ def test_settings_layering(tmp_path, monkeypatch, index_dir):
     args = build_parser().parse_args(["search", "q", "--bm25-depth", "33"])
     s = settings_from(args)
     assert (s.engine.rrf_k, s.engine.rerank_depth, s.engine.bm25_depth) == (10.0, 9, 33)
-    assert BuildSettings().dense_index == "flat"
+    assert BuildSettings().dense_index == "auto"
     # --config names the file for this command only: nothing is left in the environment
     monkeypatch.delenv("HYBRID_SEARCH_CONFIG")
     other = tmp_path / "other.toml"

@@ -16,7 +16,8 @@ def test_logged_progress_is_a_few_lines(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 5, lines
     assert lines[0] == "indexing: started (1,000 docs)"
-    assert lines[2].startswith("indexing: 50% (500/1,000 docs), loss 0.50")
+    assert lines[2].startswith("indexing: 50% (500/1,000 docs), ") and lines[2].endswith(", loss 0.50")
+    assert "/s, about " in lines[2] and " left" in lines[2]  # the rate and the time to go
     assert lines[-1].startswith("indexing: done, 1,000 docs in ")
 
 

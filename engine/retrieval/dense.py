@@ -95,9 +95,9 @@ def place_index(index, device: str) -> tuple[object, str]:
     """
     import faiss
 
-    base = faiss.downcast_index(index.index)
-    if device != "cuda":
+    if device != "cuda" or not isinstance(index, faiss.IndexIDMap2):  # an IVF index keeps its own ids, on the CPU
         return index, "faiss-cpu"
+    base = faiss.downcast_index(index.index)
     if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and not hasattr(base, "hnsw"):
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index), "faiss-gpu"
     if isinstance(base, faiss.IndexFlat):
@@ -132,14 +132,17 @@ class DenseRetriever:
         except RuntimeError as exc:  # FAISS's message ends with what it could not read
             cause = str(exc).rsplit("Error: ", 1)[-1].strip()
             raise IndexDirError(f"{faiss_path}: unreadable dense index ({cause}); rebuild the index") from None
-        if not isinstance(index, faiss.IndexIDMap2):
+        # by store row: flat and HNSW through an id map; an inverted file holds the rows itself (an id
+        # map over it loses its way at the first removal), with a hash-table direct map to read vectors back
+        self._ivf = None if isinstance(index, faiss.IndexIDMap2) else faiss.try_extract_index_ivf(index)
+        if not isinstance(index, faiss.IndexIDMap2) and self._ivf is None:
             raise IndexDirError(f"{faiss_path}: not an id-mapped index (built before format 2); rebuild the index")
-        base = faiss.downcast_index(index.index)
+        base = faiss.downcast_index(index.index) if self._ivf is None else self._ivf
+        self._base = base
         if hasattr(base, "hnsw"):
             base.hnsw.efSearch = ef_search
         self.path = Path(faiss_path)
         self._index = index
-        self.device = device
         self._fast, self.backend = (index, "faiss-cpu") if writable else place_index(index, device)
         self.units: dict[int, str] = {}  # row -> unit id
         self.rows: dict[str, int] = {}  # unit id -> row: the live set
@@ -162,10 +165,10 @@ class DenseRetriever:
 
     @property
     def accepts_deletes(self) -> bool:
-        """Only exact (flat) indexes can drop single vectors; HNSW graphs cannot."""
+        """Exact (flat) and inverted-file (IVF) indexes can drop single vectors; HNSW graphs cannot."""
         import faiss
 
-        return isinstance(faiss.downcast_index(self._index.index), faiss.IndexFlat)
+        return isinstance(self._base, (faiss.IndexFlat, faiss.IndexIVF))
 
     def encode_query(self, query: str) -> np.ndarray:
         """The query's (1, dim) embedding."""
@@ -184,7 +187,10 @@ class DenseRetriever:
             return []
         else:
             selector = faiss.IDSelectorBatch(np.asarray(allowed_rows, dtype=np.int64))
-            params = faiss.SearchParameters(sel=selector)
+            if self._ivf is None:
+                params = faiss.SearchParameters(sel=selector)
+            else:
+                params = faiss.SearchParametersIVF(sel=selector, nprobe=self._ivf.nprobe)
             scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
         return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
 
@@ -202,20 +208,29 @@ class DenseRetriever:
         """The rows (store ids) the index holds vectors for."""
         import faiss
 
-        return faiss.vector_to_array(self._index.id_map)
+        if self._ivf is None:
+            return faiss.vector_to_array(self._index.id_map)
+        lists = self._ivf.invlists
+        held = [lists.list_size(n) for n in range(self._ivf.nlist)]
+        return np.concatenate(
+            [np.zeros(0, dtype=np.int64)]
+            + [faiss.rev_swig_ptr(lists.get_ids(n), size).copy() for n, size in enumerate(held) if size]
+        )
 
     def vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """Every stored vector and its row, in the index's order (what a corpus graph is made of)."""
-        import faiss
-
-        base = faiss.downcast_index(self._index.index)
-        return self.row_ids(), base.reconstruct_n(0, base.ntotal)
+        rows = self.row_ids()
+        if self._ivf is not None:
+            return rows, np.vstack([self._index.reconstruct(int(r)) for r in rows])
+        return rows, self._base.reconstruct_n(0, self._base.ntotal)
 
     def remove(self, rows: list[int]) -> None:
         import faiss
 
         if rows:
-            self._index.remove_ids(faiss.IDSelectorBatch(np.asarray(rows, dtype=np.int64)))
+            ids = np.asarray(rows, dtype=np.int64)  # an IVF's hash map removes from an array of ids only
+            selector = faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids)) if self._ivf is not None else None
+            self._index.remove_ids(selector or faiss.IDSelectorBatch(ids))
             for row in rows:
                 self.rows.pop(self.units.pop(row, None), None)
 

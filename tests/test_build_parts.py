@@ -1,0 +1,166 @@
+"""A build in parts: vectors made elsewhere (--vectors), a build killed and run again that resumes,
+and the dense index chosen by size or named by a FAISS index_factory string, taking live writes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.settings import EngineSettings
+from engine.store.index_dir import read_manifest
+from index_build.builder import build_index
+from index_build.settings import BuildSettings
+from index_build.vectors import VectorsError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _vectors(index_dir: Path) -> np.ndarray:
+    """The encoded build's vectors, by store row."""
+    import faiss
+
+    index = faiss.read_index(str(index_dir / "dense.faiss"))
+    base = faiss.downcast_index(index.index)
+    rows = faiss.vector_to_array(index.id_map)
+    vectors = np.zeros((base.ntotal, base.d), dtype=np.float32)
+    vectors[rows] = base.reconstruct_n(0, base.ntotal)
+    return vectors
+
+
+def _build(tmp_path: Path, beir_dir: Path, name: str, **build) -> Path:
+    target = tmp_path / name
+    settings = EngineSettings(index_dir=target, device="cpu", fusion="rrf")
+    build_index(settings, BuildSettings(data_dir=beir_dir, adapt="none", **build), progress=False)
+    return target
+
+
+def _top(index_dir: Path, query: str = "caffeine and the liver") -> list[str]:
+    from engine.search import HybridEngine
+
+    engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False, fusion="rrf"))
+    try:
+        return [d for d, _ in engine.dense.search(engine.dense.encode_query(query), 8)]
+    finally:
+        engine.close()
+
+
+def test_vectors_given_as_npy_or_parquet_build_the_index_encoding_would(index_dir, beir_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    vectors = _vectors(index_dir)
+    np.save(tmp_path / "v.npy", vectors * 3.0)  # any length: rows are normalised
+    given = _build(tmp_path, beir_dir, "npy", vectors=tmp_path / "v.npy")
+    ids = [json.loads(line)["_id"] for line in (beir_dir / "corpus.jsonl").read_text().splitlines()]
+    order = np.random.default_rng(1).permutation(len(ids))  # any order: rows are matched by _id
+    table = pa.table({"_id": [ids[i] for i in order], "vector": [vectors[i].tolist() for i in order]})
+    pq.write_table(table, tmp_path / "v.parquet", row_group_size=7)
+    from_parquet = _build(tmp_path, beir_dir, "parquet", vectors=tmp_path / "v.parquet")
+    assert _top(given) == _top(from_parquet) == _top(index_dir)
+    manifest = read_manifest(given)
+    assert manifest.settings["vectors"]["file"] == str((tmp_path / "v.npy").resolve())
+    assert manifest.encoder == read_manifest(index_dir).encoder  # queries are still encoded by the model
+
+
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [
+        (np.zeros((31, 384), np.float32) + 1, "31 rows for 32 chunks"),
+        (np.ones((32, 768), np.float32), "768-dimensional, but the query encoder makes 384"),
+        (np.vstack([np.ones((31, 384)), np.full((1, 384), np.nan)]).astype(np.float32), "row 31 is not finite"),
+        (np.ones((32, 384), np.int64), "int64 values"),
+    ],
+)
+def test_vectors_that_do_not_fit_are_refused_naming_what(beir_dir, tmp_path, array, message):
+    np.save(tmp_path / "bad.npy", array)
+    with pytest.raises(VectorsError, match=message):
+        _build(tmp_path, beir_dir, "bad", vectors=tmp_path / "bad.npy")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_parquet_file_with_a_foreign_id_is_refused(beir_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"_id": ["nope"], "vector": [[0.1] * 384]}), tmp_path / "v.parquet")
+    with pytest.raises(VectorsError, match="'nope' is not a record of the corpus"):
+        _build(tmp_path, beir_dir, "bad", vectors=tmp_path / "v.parquet")
+
+
+BUILD = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from engine.settings import EngineSettings
+from index_build.builder import build_index
+from index_build.settings import BuildSettings
+build_index(EngineSettings(index_dir={target!r}, device="cpu", fusion="rrf"),
+            BuildSettings(data_dir={data!r}, adapt="none", part_chunks=4), progress=True)
+"""
+
+
+def test_a_killed_build_resumes_where_it_stopped_and_builds_the_same_index(index_dir, beir_dir, tmp_path):
+    target = tmp_path / "resumed"
+    work = tmp_path / ".resumed.building"
+    script = BUILD.format(target=str(target), data=str(beir_dir))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    first = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and first.poll() is None:
+        state = work / "build.json"
+        if state.is_file() and len(json.loads(state.read_text() or "{}").get("vectors", [])) >= 2:
+            break
+        time.sleep(0.01)
+    assert first.poll() is None, "the build ended before it could be killed"
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    done = json.loads((work / "build.json").read_text())["vectors"]
+    assert 2 <= len(done) < 8 and not target.exists()
+    second = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming" in second.stderr
+    assert "encoding 4 texts: started" in second.stderr  # the parts left were encoded
+    assert second.stderr.count("encoding 4 texts: started") == 8 - len(done)  # and only those
+    assert not work.exists()
+    assert np.allclose(_vectors(target), _vectors(index_dir), atol=1e-6)
+    assert _top(target) == _top(index_dir)
+
+
+def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, tmp_path):
+    from engine.documents import DocumentIn
+    from engine.search import HybridEngine
+
+    target = _build(tmp_path, beir_dir, "ivf", dense_index="IVF4,Flat")
+    manifest = read_manifest(target)
+    dense = manifest.settings["dense"]
+    assert manifest.dense_index == "IVF4,Flat" and dense["nlist"] == 4
+    assert 1 <= dense["nprobe"] <= 4 and dense["recall_at_32"] >= 0.95  # k: the corpus's size
+    engine = HybridEngine(EngineSettings(index_dir=target, device="cpu", rerank=False, fusion="rrf"), writable=True)
+    try:
+        engine.live.upsert(
+            DocumentIn.model_validate(
+                {"document_id": "new-1", "chunks": [{"chunk_id": "c1", "content": "zanzibar clove harvest yields"}]}
+            )
+        )
+        engine.live.refresh()
+        vector = engine.dense.encode_query("zanzibar clove harvest")
+        assert engine.dense.search(vector, 1)[0][0] == "new-1#c1"  # in the inverted file, found by the probes
+        assert "new-1" in {h.document_id for h in engine.search("zanzibar clove harvest", 3)}
+        gone = engine.search("caffeine and the liver", 1)[0].document_id
+        engine.live.delete(gone, wait=True)
+        assert all(h.document_id != gone for h in engine.search("caffeine and the liver", 20))
+    finally:
+        engine.close()
+
+
+def test_a_dense_index_faiss_cannot_make_is_refused_before_any_work(beir_dir, tmp_path):
+    with pytest.raises(ValueError, match="not an index FAISS can make"):
+        _build(tmp_path, beir_dir, "odd", dense_index="IVFbanana")
+    assert not (tmp_path / "odd").exists() and not (tmp_path / ".odd.building").exists()
