@@ -12,6 +12,7 @@ against exact search. Encoding cost is linear and measured separately (``hybrid-
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -59,8 +60,26 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--hnsw-limit", type=int, default=HNSW_LIMIT, help="largest size to build HNSW for")
+    parser.add_argument(
+        "--engine",
+        action="store_true",
+        help="the whole engine instead: NFCorpus plus --distractors passages, built with --vectors, evaluated on"
+        " dev and timed (benchmarks/scale_engine.py)",
+    )
+    parser.add_argument("--distractors", type=int, default=1_000_000, help="with --engine: passages added")
+    parser.add_argument(
+        "--work", type=Path, default=Path("/tmp/hybrid-search-scale"), help="with --engine: corpus and index"
+    )
     args = parser.parse_args()
     settings = Settings()
+    if args.engine:
+        from benchmarks.scale_engine import run
+
+        out = Path("benchmarks/results") / machine_name()
+        found = run(settings.build.data_dir, settings.engine.index_dir, args.distractors, args.work, out)
+        print(json.dumps(found, indent=2))
+        write_result(out / f"scale-engine-{args.distractors}.json", found, vars(args))
+        return
     flat = faiss.read_index(str(settings.engine.index_dir / DENSE_FILE))
     base = flat.reconstruct_n(0, flat.ntotal)
     dataset = load_dataset(settings.build.data_dir)

@@ -46,6 +46,7 @@ from offline.dataset import Dataset
 from offline.progress import track
 
 log = logging.getLogger(__name__)
+TOKENIZE_BATCH = 2_000  # passages tokenized at once: each encoding holds ~47 KB until its ids are kept
 _LIBRARIES = ("pyserini", "faiss-cpu", "faiss-gpu-cu12", "sentence-transformers", "torch", "transformers")
 
 
@@ -234,7 +235,8 @@ def _write_store(path: Path, docs: list[dict], parts: list[Part], tokenizer: Tex
     stored = store.meta("next_row")
     todo = [part for part in parts if part.rows.start >= stored and (part.rows or stored == 0)]
     for part in track(todo, "document store", "part", enabled=progress and len(parts) > 1):
-        tokens = tokenizer(_texts(docs[part.docs]))
+        texts = _texts(docs[part.docs])
+        tokens = [t for i in range(0, len(texts), TOKENIZE_BATCH) for t in tokenizer(texts[i : i + TOKENIZE_BATCH])]
         placed, row = [], part.rows.start
         for doc in docs[part.docs]:
             rows = list(range(row, row + len(doc["chunks"])))

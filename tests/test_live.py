@@ -378,3 +378,23 @@ def test_ingest_files_then_search_from_the_cli(live_dir, tmp_path):
         assert engine.store.document("msg-1")["embedding_model"] == "all-MiniLM-L6-v2"
     finally:
         engine.close()
+
+
+def test_a_follower_answers_whole_when_the_store_moved_ahead_of_its_view(live_dir):
+    """A worker that follows the writer searches its last checkpoint while the shared store already
+    lost a document: the answer is made of chunks the store still holds, top_k of them, never a 500
+    (a KeyError in assembling the hits, measured under `serve --workers 2`)."""
+    from engine.search import HybridEngine
+
+    writer = HybridEngine(
+        EngineSettings(index_dir=live_dir, device="cpu", rerank=False, checkpoint_bytes=1 << 40), writable=True
+    )
+    follower = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), follow=writer.live)
+    try:
+        top = follower.search("caffeine and the liver", 3)
+        writer.live.delete(top[0].document_id, wait=True)  # no checkpoint: the follower's view keeps it
+        hits = follower.search("caffeine and the liver", 3)
+        assert len(hits) == 3 and top[0].document_id not in {h.document_id for h in hits}
+    finally:
+        writer.close()
+        follower.close()

@@ -145,7 +145,7 @@ class HybridEngine:
 
     def close(self) -> None:
         """Checkpoint live writes (if any) and release the index."""
-        if self.live is not None:
+        if self.live is not None and self.follower is None:  # a follower's writer is another's: it closes itself
             self.live.close()
         self.bm25.close()
         self.store.close()

@@ -70,7 +70,7 @@ def run_stages(
         depth = max(rerank_depth, top_k)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
         if engine.follower is not None:  # the shared store may have dropped what this view still holds
-            fused = [hit for hit in fused[:depth] if hit[0] in chunks] + fused[depth:]
+            fused = _held(engine, fused, depth, chunks)
         head = [d for d, _ in fused[:depth]] if fusion is None or fusion.calibration is None else []
         cosines = dict(zip(head, engine.dense.similarity(vector, head), strict=True))
         watch.lap("fusion")
@@ -97,6 +97,18 @@ def run_stages(
     return StageResult(
         bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines
     )
+
+
+def _held(engine: HybridEngine, fused: Ranking, depth: int, chunks: dict[str, Chunk]) -> Ranking:
+    """``fused`` without the chunks the store no longer holds, its head of ``depth`` refilled from
+    further down (their chunks added to ``chunks``), so that every hit served has its chunk."""
+    head, rest = [hit for hit in fused[:depth] if hit[0] in chunks], fused[depth:]
+    while len(head) < depth and rest:
+        more, rest = rest[: depth - len(head)], rest[depth - len(head) :]
+        found = engine.store.chunks(d for d, _ in more)
+        chunks.update(found)
+        head += [hit for hit in more if hit[0] in found]
+    return head + rest
 
 
 def rerank(

@@ -1,0 +1,129 @@
+"""The whole engine at a million chunks, built and measured as a user would: ``python -m
+benchmarks.scale --engine --distractors 1000000``.
+
+The corpus is NFCorpus plus N distractor passages made from its own abstracts: each takes a random
+abstract, keeps its sentences in a shuffled order and drops a fifth of its words, so it shares the
+source's vocabulary (BM25 finds it) without being judged (it can only push judged documents down).
+Its vector is the source's vector plus Gaussian noise (sigma 0.03 a dimension, cosine ~0.85 to the
+source) and renormalised: near its source in the dense space, as a paraphrase would be, without
+encoding a million texts on a CPU. The real abstracts keep the vectors the index of
+``--index-dir`` holds. The build takes them with ``--vectors``; then the dev table
+(``evaluate --split dev``, no reranker) and one-query-at-a-time latency in process.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+NOISE_SIGMA = 0.03
+
+
+def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
+    """``out``: a BEIR folder (NFCorpus's queries and judgments, its corpus and ``n`` distractors)
+    and ``vectors.npy`` in the corpus's order. Made once per size."""
+    import faiss
+
+    if (out / "vectors.npy").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data / "queries.jsonl", out / "queries.jsonl")
+    shutil.copytree(data / "qrels", out / "qrels", dirs_exist_ok=True)
+    records = [json.loads(line) for line in (data / "corpus.jsonl").open()]
+    index = faiss.read_index(str(index_dir / "dense.faiss"))
+    base = faiss.downcast_index(index.index)
+    known = np.zeros((base.ntotal, base.d), dtype=np.float32)
+    known[faiss.vector_to_array(index.id_map)] = base.reconstruct_n(0, base.ntotal)
+    rng, shuffle = np.random.default_rng(0), random.Random(0)
+    vectors = np.lib.format.open_memmap(
+        out / "vectors.npy", mode="w+", dtype=np.float32, shape=(len(records) + n, base.d)
+    )
+    vectors[: len(records)] = known  # BEIR's corpus order is the store's row order
+    sentences = [re.split(r"(?<=[.!?])\s+", r["text"]) for r in records]
+    with open(out / "corpus.jsonl", "w") as fh:
+        for record in records:
+            fh.write(json.dumps(record) + "\n")
+        for start in range(0, n, 100_000):
+            size = min(100_000, n - start)
+            sources = rng.integers(0, len(records), size)
+            noisy = known[sources] + rng.normal(0, NOISE_SIGMA, (size, base.d)).astype(np.float32)
+            vectors[len(records) + start : len(records) + start + size] = noisy / np.linalg.norm(
+                noisy, axis=1, keepdims=True
+            )
+            for i, source in enumerate(sources):
+                parts = list(sentences[source])
+                shuffle.shuffle(parts)
+                words = [w for w in " ".join(parts).split() if shuffle.random() > 0.2]
+                fh.write(json.dumps({"_id": f"X{start + i}", "title": "", "text": " ".join(words)}) + "\n")
+    vectors.flush()
+    return out
+
+
+def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
+    """Build, evaluate and time; the figures as a dict (written by the caller)."""
+    from engine.search import HybridEngine
+    from engine.settings import EngineSettings
+    from offline.dataset import load_dataset
+    from offline.latency import percentiles
+
+    started = time.perf_counter()
+    corpus = make_corpus(data, index_dir, n, work / f"corpus-{n}")
+    made = time.perf_counter() - started
+    target = work / f"index-{n}"
+    shutil.rmtree(target, ignore_errors=True)
+    cli = [sys.executable, "-m", "cli.main"]
+    build = cli + ["build", "--data", str(corpus), "--index-dir", str(target), "--vectors", str(corpus / "vectors.npy")]
+    started = time.perf_counter()
+    subprocess.run(build, cwd=ROOT, check=True)
+    build_s = time.perf_counter() - started
+    peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
+    manifest = json.loads((target / "manifest.json").read_text())
+    evaluation = out / f"eval-dev-{n}"
+    subprocess.run(
+        cli
+        + [
+            "evaluate",
+            "--split",
+            "dev",
+            "--index-dir",
+            str(target),
+            "--data",
+            str(corpus),
+            "--no-rerank",
+            "--output",
+            str(evaluation),
+        ],
+        cwd=ROOT,
+        check=True,
+    )
+    engine = HybridEngine(EngineSettings(index_dir=target, rerank=False))
+    queries = list(load_dataset(data).split_queries("dev").values())[:200]
+    for query in queries[:20]:
+        engine.search(query, 10)
+    times = []
+    for query in queries:
+        began = time.perf_counter()
+        engine.search(query, 10)
+        times.append(time.perf_counter() - began)
+    engine.close()
+    return {
+        "chunks": manifest["settings"]["chunks"],
+        "distractors": n,
+        "corpus_seconds": round(made, 1),
+        "build_seconds": round(build_s, 1),
+        "build_peak_rss_gib": round(peak_gib, 2),
+        "dense": manifest["settings"]["dense"],
+        "index_bytes": sum(p.stat().st_size for p in target.rglob("*") if p.is_file()),
+        "search_ms_one_at_a_time": percentiles(times),
+        "evaluation": str(evaluation),
+    }
