@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 
+from engine.documents import SEARCH_TOOL
 from offline.latency import percentiles
 
 
@@ -75,7 +76,7 @@ async def _one_request(door: str, url: str, client, session, query: str, top_k: 
         if found != top_k:
             raise ValueError(f"{found} results where {top_k} were asked for")
     elif door == "mcp":
-        result = await session.call_tool("search_nfcorpus", {"query": query, "top_k": top_k})
+        result = await session.call_tool(SEARCH_TOOL, {"query": query, "top_k": top_k})
         if result.is_error:
             raise ValueError(f"tool error: {result.content[0].text if result.content else ''}")
     elif door == "a2a":

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.settings import MaybeStr
+from engine.settings import MaybePath, MaybeStr
 
 
 class AgentSettings(BaseModel):
@@ -14,7 +14,11 @@ class AgentSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    trace_db: Path = Field(Path("traces/traces.sqlite"), description="SQLite file of stored message traces")
+    trace_db: MaybePath = Field(
+        None,
+        description="SQLite file of stored message traces (default: <index-dir>.traces.sqlite, beside the index: kept"
+        " across rebuilds and on a container's index volume, not wherever serve was started)",
+    )
     trace_max_age_days: float = Field(7.0, gt=0, description="traces older than this many days are dropped")
     trace_max_messages: int = Field(100_000, ge=100, description="at most this many stored messages")
     llm_url: MaybeStr = Field(
@@ -29,3 +33,9 @@ class AgentSettings(BaseModel):
         description="when the LLM server fails, answer extractively and say so (--no-llm-fallback: answer"
         " GENERATION_FAILED)",
     )
+
+
+def trace_db_for(settings: AgentSettings, index_dir: Path) -> Path:
+    """Where the traces of an index's server are kept: ``trace_db`` if set, else beside the index."""
+    index_dir = Path(index_dir)
+    return settings.trace_db or index_dir.with_name(f"{index_dir.name}.traces.sqlite")

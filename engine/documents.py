@@ -168,6 +168,9 @@ def _fail(field: str, value: Any) -> date:
 # The one statement of what a search may ask: every door validates with it, and the OpenAPI
 # document, the MCP tools' arguments and the CLI's checks are read from it. Unknown keys are
 # ignored (the agent protocol's RETRIEVAL_REQUEST forbids them).
+SEARCH_TOOL = "search_nfcorpus"  # the benchmark's name for a search: the MCP tool, the REST path, the A2A client's call
+
+
 class SearchRequest(BaseModel):
     """A search: the question, how many results, and optionally filters and a similarity threshold."""
 

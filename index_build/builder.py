@@ -30,6 +30,7 @@ from engine.store.index_dir import (
     RERANKER_DIR,
     IndexDirError,
     Manifest,
+    default_presentation,
     read_manifest,
 )
 from engine.store.tokens import TextTokenizer
@@ -37,7 +38,7 @@ from engine.text import chunk_text
 from index_build.adapt import FULL_MISSING, AdaptError, adapt_index
 from index_build.adapt.generated import QueryWriter
 from index_build.corpus import Corpus, open_corpus
-from index_build.dense_index import build_dense, check_factory
+from index_build.dense_index import RECALL_QUERIES, build_dense, check_factory
 from index_build.parts import BuildFolder, Part, plan_parts
 from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
@@ -111,14 +112,15 @@ def build_index(
             work.mark("bm25")
         encode_part = _encoder(encoder, build.encoder, settings, given, ray, progress)
         todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
-        for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(parts) > 1):
+        for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(todo) > 1):
             work.save_vectors(part, encode_part(_texts(docs[part.docs]), part.rows), chunks)
         tokenizer = TextTokenizer(encoder.tokenizer)  # the rerankers' token ids: MiniLM rerankers share it
         if not work.done("store"):
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
-        index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress)
+        probes = functools.partial(_probe_queries, corpus, docs, encoder)
+        index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes)
         import faiss
 
         faiss.write_index(index, str(tmp / DENSE_FILE))
@@ -129,7 +131,10 @@ def build_index(
             if dataset is not None
             else {}
         )
+        shown = default_presentation(corpus.root.name)
         manifest = Manifest(
+            name=build.index_name or shown[0],
+            description=build.index_description or shown[1],
             dataset=str(corpus.root.resolve()) if corpus.files else "",
             fingerprint=corpus.fingerprint,
             documents=len(docs),
@@ -163,6 +168,21 @@ def build_index(
         work.finish()
     log.info("built %s: %d documents in %.1f s", target, manifest.documents, time.perf_counter() - started)
     return manifest
+
+
+def _probe_queries(corpus: Corpus, docs: list[dict], encoder) -> np.ndarray:
+    """What an approximate index's recall is measured on: 200 of the dataset's queries (their texts
+    only, never their judgments), or without any, the opening words of 200 chunks, as a user's
+    short question would read; encoded by the query encoder's model."""
+    rng = np.random.default_rng(0)
+    texts = list(corpus.dataset.queries.values()) if corpus.dataset is not None else []
+    if not texts:
+        chunks = [c for d in docs for c in d["chunks"]]
+        picked = rng.choice(len(chunks), size=min(RECALL_QUERIES, len(chunks)), replace=False) if chunks else []
+        texts = [" ".join(chunk_text(chunks[i]["title"], chunks[i]["content"]).split()[:12]) for i in picked]
+    else:
+        texts = [texts[i] for i in rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)]
+    return encode(encoder, texts)
 
 
 def _named(factory: str) -> str:

@@ -16,12 +16,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 IVF_FROM = 200_000  # below this, exact search is fast enough (~13 ms at 100k on 2 cores) and exact
 TARGET_RECALL = 0.95
+# k-means points a list: FAISS warns below 39; its default of 256 made training at 1M chunks take
+# minutes for no measured recall (nprobe is tuned after it)
+TRAIN_PER_LIST = 64
 RECALL_QUERIES = 200
 RECALL_K = 100
 NAMED = ("auto", "flat", "hnsw", "ivf")
@@ -54,9 +58,16 @@ def check_factory(kind: str, dimension: int) -> None:
         raise ValueError(f"--dense-index {kind!r}: not an index FAISS can make ({cause})") from None
 
 
-def build_dense(vectors: np.ndarray, kind: str, hnsw_m: int = 32, progress: bool = False) -> tuple[object, dict]:
-    """The id-mapped index over ``vectors`` (rows 0..n-1) and what the manifest records of it:
-    the factory string, and for IVF its nlist, nprobe and measured recall@100."""
+def build_dense(
+    vectors: np.ndarray,
+    kind: str,
+    hnsw_m: int = 32,
+    progress: bool = False,
+    queries: Callable[[], np.ndarray] | None = None,
+) -> tuple[object, dict]:
+    """The index over ``vectors`` (rows 0..n-1) and what the manifest records of it: the factory
+    string, and for IVF its nlist, nprobe and recall@100 on ``queries()`` (encoded sample queries,
+    asked for only then; default: corpus vectors, which sit in their own lists and flatter it)."""
     import faiss
 
     from offline.progress import track
@@ -69,10 +80,12 @@ def build_dense(vectors: np.ndarray, kind: str, hnsw_m: int = 32, progress: bool
     info: dict = {"factory": factory}
     ivf = faiss.try_extract_index_ivf(base)
     if not base.is_trained:
-        sample = _sample(vectors, max(256 * (ivf.nlist if ivf is not None else 1), 50_000))
+        sample = _sample(vectors, max(TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 1), 50_000))
+        log.info("dense index %s: training on %s of %s vectors", factory, f"{len(sample):,}", f"{n:,}")
         started = time.perf_counter()
         base.train(sample)
         info["train_seconds"] = round(time.perf_counter() - started, 1)
+        log.info("dense index %s: trained in %.0f s", factory, info["train_seconds"])
     if ivf is not None:  # its own ids, and a hash map from them to read vectors back and remove them
         ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
         index = base
@@ -86,7 +99,7 @@ def build_dense(vectors: np.ndarray, kind: str, hnsw_m: int = 32, progress: bool
         stop = min(n, start + step)
         index.add_with_ids(np.ascontiguousarray(vectors[start:stop], dtype=np.float32), np.arange(start, stop))
     if ivf is not None:
-        info |= {"nlist": ivf.nlist} | _tune_nprobe(index, ivf, vectors)
+        info |= {"nlist": ivf.nlist} | _tune_nprobe(index, ivf, vectors, queries() if queries else None)
     return index, info
 
 
@@ -96,12 +109,12 @@ def _sample(vectors: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(vectors[rows], dtype=np.float32)
 
 
-def _tune_nprobe(index, ivf, vectors: np.ndarray) -> dict:
+def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None) -> dict:
     """The smallest power-of-two nprobe whose recall@100 against exact search reaches the target on
-    sample queries (corpus vectors: a query near its own chunk, as real ones are); set on the index."""
+    ``queries``; set on the index."""
     import faiss
 
-    queries = _sample(vectors, RECALL_QUERIES)
+    queries = _sample(vectors, RECALL_QUERIES) if queries is None else np.ascontiguousarray(queries, np.float32)
     k = min(RECALL_K, len(vectors))
     exact = faiss.IndexFlatIP(vectors.shape[1])
     truth = np.full((len(queries), k), -1, dtype=np.int64)

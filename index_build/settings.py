@@ -30,6 +30,14 @@ class BuildSettings(BaseModel):
         " measured at build (the manifest keeps it); hnsw = a graph (takes no live writes); or a FAISS"
         " index_factory string (IVF4096,PQ48)",
     )
+    index_name: MaybeStr = Field(
+        None, description="the index's name, as MCP's tools and the A2A card show it (default: the data folder's)"
+    )
+    index_description: MaybeStr = Field(
+        None,
+        description="a line saying what the documents are, for agents choosing a tool (default: from the folder's"
+        " name)",
+    )
     part_chunks: int = Field(
         50_000,
         ge=1,

@@ -31,9 +31,10 @@ from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
 from starlette.applications import Starlette
 
-from engine.documents import SearchRequest
+from engine.documents import SEARCH_TOOL, SearchRequest
 from engine.errors import ServiceError
 from serving.jsonrpc_guard import JsonRpcGuard
+from serving.presentation import Presentation
 from serving.replies import json_errors
 from serving.requests import BadRequest, validated
 from serving.search_service import SearchService
@@ -66,7 +67,7 @@ class McpSearch:
         from mcp import Client
 
         arguments = {"query": request.query, "top_k": request.top_k}
-        tool = "search_nfcorpus"
+        tool = SEARCH_TOOL
         if request.filters is not None or request.similarity_threshold is not None:
             tool = "search"  # the general tool takes them; the benchmark's stays as it is
             arguments["filters"] = request.filters.model_dump(exclude_none=True) if request.filters else None
@@ -195,12 +196,13 @@ SOLVER_SKILL = AgentSkill(
 )
 
 
-def agent_card(url: str, solver: bool = False) -> AgentCard:
-    """The card, with a 1.0 and a 0.3 interface so both generations of clients accept it."""
+def agent_card(url: str, shown: Presentation, solver: bool = False) -> AgentCard:
+    """The card, with a 1.0 and a 0.3 interface so both generations of clients accept it; ``shown``:
+    what the index says it holds."""
     example = json.dumps({"query": "does vitamin D prevent falls in older adults?", "top_k": 5})
     return AgentCard(
-        name="hybrid-search NFCorpus retriever",
-        description="Retrieves NFCorpus medical abstracts for a plain-English query: BM25 + dense "
+        name=f"hybrid-search {shown.name} retriever",
+        description=f"Retrieves {shown.description} for a plain-English query: BM25 + dense "
         "retrieval, learned fusion and cross-encoder reranking. Replies with ranked doc ids.",
         version="0.1.0",
         supported_interfaces=[
@@ -213,13 +215,13 @@ def agent_card(url: str, solver: bool = False) -> AgentCard:
         skills=[
             AgentSkill(
                 id=SKILL_ID,
-                name="NFCorpus retrieval",
+                name=f"{shown.name} retrieval",
                 description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
                 "(or a data part with those keys, or plain text: the question, top 5; optional filters "
                 "{document_types, date_range, document_ids, "
                 "metadata key: value} and similarity_threshold 0..1). Output: one artifact with one data part "
-                '{"doc_ids": [...]} holding top_k ranked, unique NFCorpus document ids.',
-                tags=["retrieval", "search", "nfcorpus", "medical"],
+                f'{{"doc_ids": [...]}} holding top_k ranked, unique {shown.name} document ids.',
+                tags=["retrieval", "search", *shown.tags],
                 examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
                 input_modes=["text/plain", "application/json"],
                 output_modes=["application/json"],
@@ -232,6 +234,7 @@ def agent_card(url: str, solver: bool = False) -> AgentCard:
 def build_a2a_app(
     search: DocSearch,
     url: str,
+    shown: Presentation,
     max_chars: int,
     timeout_s: float,
     solve: Callable[[dict], Awaitable[dict]] | None = None,
@@ -243,7 +246,7 @@ def build_a2a_app(
     """JSON-RPC at ``/`` (1.0 and 0.3) behind :class:`JsonRpcGuard`, the card at the well-known
     path and at ``/``. ``tasks``: where tasks are kept; ``task_ids``: how new ones are named
     (default: random UUIDs)."""
-    card = agent_card(url, solver=solve is not None)
+    card = agent_card(url, shown, solver=solve is not None)
     handler = DefaultRequestHandler(
         agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
         task_store=tasks,

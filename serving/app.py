@@ -23,6 +23,7 @@ from serving.a2a_tasks import RecentTaskStore, WorkerTasks
 from serving.asgi import route_path
 from serving.mcp_events import RETRY_MS, RecentEvents
 from serving.mcp_tool import build_mcp_server
+from serving.presentation import Presentation
 from serving.protocol_routes import ProtocolDoor, hash_key, load_keys
 from serving.replies import json_errors
 from serving.requests import bearer
@@ -127,6 +128,7 @@ def build_apps(
             build_a2a_app(
                 search,
                 url,
+                Presentation.of(settings.engine.index_dir),
                 settings.serving.max_query_chars,
                 settings.serving.query_timeout_s,
                 service.solve if service else None,

@@ -21,14 +21,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
 
-from engine.documents import DocumentIn
+from engine.documents import SEARCH_TOOL, DocumentIn
 from engine.errors import ServiceError
 from engine.live.writer import DocumentNotFound
+from serving.presentation import Presentation
 from serving.replies import DOCUMENT_URI, ChunkResponse, SearchResponse, to_chunks, to_response
 from serving.requests import validated
 from serving.search_service import SearchService
-
-TOOL_NAME = "search_nfcorpus"
 
 
 def takes(model: type[BaseModel], *names: str) -> Callable[[Callable], Callable]:
@@ -56,9 +55,10 @@ def takes(model: type[BaseModel], *names: str) -> Callable[[Callable], Callable]
 
 def build_mcp_server(service: SearchService) -> MCPServer:
     """An MCP server exposing the engine; errors reach the client as tool errors, never crashes."""
+    shown = Presentation.of(service.settings.engine.index_dir)
     server = MCPServer(
         name="hybrid-search",
-        instructions="Search NFCorpus medical abstracts with hybrid BM25 + dense retrieval and reranking.",
+        instructions=f"Search {shown.description} with hybrid BM25 + dense retrieval and reranking.",
         version="0.1.0",
     )
     model = service.search_request
@@ -69,7 +69,9 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
             raise ToolError(str(exc)) from None
 
-    @server.tool(name=TOOL_NAME, description="Find the NFCorpus documents most relevant to a plain-English query.")
+    @server.tool(
+        name=SEARCH_TOOL, description=f"Find the {shown.name} documents most relevant to a plain-English query."
+    )
     @takes(model, "query", "top_k")
     async def search_nfcorpus(**arguments) -> SearchResponse:
         return to_response(await searched(arguments))

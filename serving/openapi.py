@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from agents.messages import Message
 from agents.solver import SolverRequest
 from agents.system import RagRequest
-from engine.documents import DocumentIn, SearchRequest
+from engine.documents import SEARCH_TOOL, DocumentIn, SearchRequest
 from serving.replies import ChunkResponse, SearchResponse
 from serving.search_service import REFRESH
 from serving.settings import Settings
@@ -85,7 +85,7 @@ def openapi_document(settings: Settings, search_request: type[SearchRequest], ke
         **{
             path: {"post": _op(summary, _ok(spec.ref(reply), what), _errors(400, 413, 422, *busy), search_body)}
             for path, summary, reply, what in (
-                ("/search_nfcorpus", "Top documents for a query (the MCP tool's twin)", SearchResponse, "documents"),
+                (f"/{SEARCH_TOOL}", "Top documents for a query (the MCP tool's twin)", SearchResponse, "documents"),
                 ("/search", "Top chunks for a query, with filters and a threshold", ChunkResponse, "ranked chunks"),
             )
         },

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.documents import SEARCH_TOOL
 from serving.openapi import openapi_document
 from serving.protocol_routes import ProtocolDoor
 from serving.replies import to_chunks, to_response
@@ -66,7 +67,7 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
         return Response(await run_in_threadpool(service.exposition), media_type=CONTENT_TYPE_LATEST)
 
     return [
-        Route("/search_nfcorpus", search(to_response), methods=["POST"]),
+        Route(f"/{SEARCH_TOOL}", search(to_response), methods=["POST"]),
         Route("/search", search(to_chunks), methods=["POST"]),
         Route("/documents", post_document, methods=["POST"]),
         Route("/documents/{document_id:path}", get_document, methods=["GET"]),

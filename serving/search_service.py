@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from agents.policy import PolicyError
+from agents.settings import trace_db_for
 from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
 from agents.traces import TraceStore
@@ -64,7 +65,9 @@ class SearchService:
         if searches:
             log.info("warmed Lucene with %d searches in %.1f s", searches, self.warmup["seconds"])
         traces = TraceStore(
-            settings.agents.trace_db, settings.agents.trace_max_age_days, settings.agents.trace_max_messages
+            trace_db_for(settings.agents, settings.engine.index_dir),
+            settings.agents.trace_max_age_days,
+            settings.agents.trace_max_messages,
         )
         self.responder = responder = build_responder(self.engine, settings.agents, settings.serving.query_timeout_s)
         self.router = build_router(self.engine, traces, responder, settings.serving.query_timeout_s)
@@ -123,12 +126,18 @@ class SearchService:
         """A benchmark task (``SolverRequest``'s shape); BadRequest names the field or the rule."""
         request = validated(SolverRequest, payload)
         loop = asyncio.get_running_loop()
+        self.requests.labels("solver").inc()
         try:
-            async with self.admission.slot("solver"):
+            async with self.admission.slot("solver") as outlive:
                 run = contextvars.copy_context().run
-                return await loop.run_in_executor(self._pool, run, self.solver.solve, request)
+                future = loop.run_in_executor(self._pool, run, self.solver.solve, request)
+                outlive(future)  # as a search: the slot is the thread's, past the time limit too
+                return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
         except PolicyError as exc:
             raise BadRequest(str(exc)) from None
+        except TimeoutError:
+            self.errors.labels("solver", "timeout").inc()
+            raise QueryTimeout(f"task took longer than {self.settings.serving.query_timeout_s:g} s") from None
 
     # documents
     def _live(self):

@@ -164,3 +164,12 @@ def test_a_dense_index_faiss_cannot_make_is_refused_before_any_work(beir_dir, tm
     with pytest.raises(ValueError, match="not an index FAISS can make"):
         _build(tmp_path, beir_dir, "odd", dense_index="IVFbanana")
     assert not (tmp_path / "odd").exists() and not (tmp_path / ".odd.building").exists()
+
+
+def test_an_index_presents_itself_as_built_or_by_its_folder(beir_dir, tmp_path):
+    from engine.store.index_dir import default_presentation
+
+    named = _build(tmp_path, beir_dir, "named", index_name="Clinic notes", index_description="a clinic's visit notes")
+    assert read_manifest(named).presented() == ("Clinic notes", "a clinic's visit notes")
+    assert default_presentation("nfcorpus") == ("NFCorpus", "NFCorpus medical abstracts")  # the benchmark's wording
+    assert default_presentation("my-docs") == ("my-docs", "the documents of my-docs")

@@ -98,6 +98,7 @@ def _check_tool_listing(tools):
     assert props["query"]["type"] == "string" and props["query"]["maxLength"] == 4000
     assert props["top_k"]["minimum"] == 1 and props["top_k"]["maximum"] == 100 and props["top_k"]["default"] == 5
     assert "results" in tool.output_schema["properties"]
+    assert tool.description == "Find the tiny documents most relevant to a plain-English query."  # the index's name
 
 
 async def _exercise_mcp(client):
@@ -263,6 +264,9 @@ def test_agent_card_at_well_known_path_and_root(server):
         assert card["url"].startswith("http://127.0.0.1:") and card["protocolVersion"] == "0.3"
         assert {i["protocolVersion"] for i in card["supportedInterfaces"]} == {"0.3", "1.0"}
         assert card["name"] and card["description"] and card["version"]
+        # the index presents itself (its data folder's name), not as NFCorpus
+        assert card["name"] == "hybrid-search tiny retriever" and "the documents of tiny" in card["description"]
+        assert "nfcorpus" not in card["skills"][0]["tags"] and "tiny" in card["skills"][0]["tags"]
 
 
 def test_a2a_v1_client_text_and_data_parts(server):

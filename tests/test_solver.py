@@ -176,3 +176,33 @@ def test_a_failing_llm_without_fallback_is_a_502(index_dir, tmp_path):
         assert "llm-answers" in httpx.get(f"http://127.0.0.1:{port}{PATH}").json()["capabilities"]
     finally:
         assert stop_server(proc) == 0
+
+
+def test_a_task_past_the_query_timeout_is_the_doors_own_504(index_dir, tmp_path):
+    """The solver is held to the same limit as a search: a task whose answer is still being written
+    (a chat server that stalls) is answered 504 at the limit and counted as the solver's timeout."""
+    import shutil
+    import time
+
+    from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+    from tests.helpers import chat_completions_server
+
+    def stalls(body: dict) -> str:
+        time.sleep(6)
+        return "too late [1]"
+
+    shutil.copytree(index_dir, tmp_path / "index")
+    with chat_completions_server(stalls) as (url, _, _):
+        port = free_port()
+        llm = ["--llm-url", url, "--no-llm-fallback", "--query-timeout", "2"]
+        args = serve_args(tmp_path / "index", port, "--read-only", *llm, "--trace-db", str(tmp_path / "t.sqlite"))
+        proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+        try:
+            started = time.perf_counter()
+            reply = httpx.post(f"http://127.0.0.1:{port}{PATH}", json={"task_id": "x", "task": "soy"}, timeout=60)
+            assert reply.status_code == 504 and "took longer than 2 s" in reply.json()["error"]
+            assert time.perf_counter() - started < 5
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            assert 'search_errors_total{door="solver",kind="timeout"} 1.0' in metrics
+        finally:
+            assert stop_server(proc) == 0

@@ -64,6 +64,7 @@ class Chunk:
 
 QUICK_CHECK_BYTES = 256 << 20  # stores up to this size are checked page by page at open
 
+
 class DocStore:
     """One SQLite file; a connection per thread (readers never block the one writer in WAL mode).
 

@@ -32,6 +32,17 @@ REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside 
 WAL_FILE = "wal.log"
 
 
+# corpora whose wording agents have always been shown: folder name -> (name, one-line description)
+KNOWN_CORPORA = {"nfcorpus": ("NFCorpus", "NFCorpus medical abstracts")}
+
+
+def default_presentation(folder: str) -> tuple[str, str]:
+    """The name and description an index built from the data folder ``folder`` presents itself with,
+    unless its build named them (``--index-name``, ``--index-description``)."""
+    name = folder or "this index"
+    return KNOWN_CORPORA.get(folder.lower(), (name, f"the documents of {name}"))
+
+
 class IndexDirError(RuntimeError):
     """The index directory is missing, incomplete or does not match what is asked of it."""
 
@@ -52,6 +63,13 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     passage_tokens: dict = field(default_factory=dict)  # the recipe of the store's token ids (engine/store/tokens.py)
     settings: dict = field(default_factory=dict)
+    name: str = ""  # what agents are shown (MCP, the A2A card); "" in an index built before they were kept
+    description: str = ""
+
+    def presented(self) -> tuple[str, str]:
+        """The index's name and one-line description, as built or from its data folder's name."""
+        default = default_presentation(Path(self.dataset).name if self.dataset else "")
+        return self.name or default[0], self.description or default[1]
 
     def write(self, index_dir: Path) -> None:
         (index_dir / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
