@@ -171,11 +171,12 @@ def build_index(
 
 
 def _probe_queries(corpus: Corpus, docs: list[dict], encoder) -> np.ndarray:
-    """What an approximate index's recall is measured on: 200 of the dataset's queries (their texts
-    only, never their judgments), or without any, the opening words of 200 chunks, as a user's
-    short question would read; encoded by the query encoder's model."""
+    """What an approximate index's recall is measured on: 200 of the dataset's training queries
+    (their texts only; never a held-out split's), or without any, the opening words of 200 chunks,
+    as a user's short question would read; encoded by the query encoder's model."""
     rng = np.random.default_rng(0)
-    texts = list(corpus.dataset.queries.values()) if corpus.dataset is not None else []
+    split = corpus.dataset.training_split() if corpus.dataset is not None else None
+    texts = list(corpus.dataset.split_queries(split).values()) if split is not None else []
     if not texts:
         chunks = [c for d in docs for c in d["chunks"]]
         picked = rng.choice(len(chunks), size=min(RECALL_QUERIES, len(chunks)), replace=False) if chunks else []
