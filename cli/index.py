@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         " train-fusion, train-reranker.",
         epilog="examples:\n  hybrid-search build --data ../shared/datasets/nfcorpus --index-dir indexes/nfcorpus\n"
         "  hybrid-search build --data ~/docs --index-dir indexes/docs --chunk-words 150\n"
+        "  hybrid-search build --data big/ --index-dir indexes/big --vectors big/vectors.npy"
+        "   # made elsewhere; stopped? run it again: it resumes\n"
         "  hybrid-search init --index-dir indexes/empty          # nothing yet: ingest or POST /documents later",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -90,7 +90,9 @@ class BuildFolder:
             try:
                 yield folder
             except BaseException:
-                if path.is_dir():
+                if not folder.state["done"] and not folder.state["vectors"]:
+                    shutil.rmtree(path, ignore_errors=True)  # nothing finished (bad input, say): nothing to keep
+                elif path.is_dir():
                     log.warning("the build stopped; what it finished is kept in %s: the same command resumes", path)
                 raise
 

@@ -91,6 +91,7 @@ def test_a_parquet_file_with_a_foreign_id_is_refused(beir_dir, tmp_path):
     pq.write_table(pa.table({"_id": ["nope"], "vector": [[0.1] * 384]}), tmp_path / "v.parquet")
     with pytest.raises(VectorsError, match="'nope' is not a record of the corpus"):
         _build(tmp_path, beir_dir, "bad", vectors=tmp_path / "v.parquet")
+    assert not (tmp_path / ".bad.building").exists()  # refused before any work: nothing kept to resume
 
 
 BUILD = """
