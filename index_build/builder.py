@@ -3,7 +3,10 @@ of files, or nothing (an empty index to ingest into)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
+import gc
 import logging
 import os
 import shutil
@@ -79,6 +82,7 @@ def build_index(
     started = time.perf_counter()
     if build.adapt == "full":
         raise AdaptError(FULL_MISSING)
+    opened = corpus is None  # a corpus opened here is this build's to drop once stored
     if corpus is None:
         corpus = open_corpus(build.data_dir, build.chunk_words, build.chunk_overlap_words, progress)
     if corpus.files and not corpus.documents:
@@ -119,7 +123,10 @@ def build_index(
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
-        probes = functools.partial(_probe_queries, corpus, docs, encoder)
+        documents, probe_texts = len(docs), _probe_texts(corpus, docs)
+        if opened:  # the texts are in the store now: the rest of the build reads the index
+            docs = _release(corpus)
+        probes = functools.partial(encode, encoder, probe_texts)
         index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes)
         import faiss
 
@@ -137,7 +144,7 @@ def build_index(
             description=build.index_description or shown[1],
             dataset=str(corpus.root.resolve()) if corpus.files else "",
             fingerprint=corpus.fingerprint,
-            documents=len(docs),
+            documents=documents,
             encoder=build.encoder,
             dimension=dimension,
             dense_index=_named(dense["factory"]),
@@ -170,20 +177,28 @@ def build_index(
     return manifest
 
 
-def _probe_queries(corpus: Corpus, docs: list[dict], encoder) -> np.ndarray:
+def _probe_texts(corpus: Corpus, docs: list[dict]) -> list[str]:
     """What an approximate index's recall is measured on: 200 of the dataset's training queries
     (their texts only; never a held-out split's), or without any, the opening words of 200 chunks,
-    as a user's short question would read; encoded by the query encoder's model."""
+    as a user's short question would read."""
     rng = np.random.default_rng(0)
     split = corpus.dataset.training_split() if corpus.dataset is not None else None
     texts = list(corpus.dataset.split_queries(split).values()) if split is not None else []
-    if not texts:
-        chunks = [c for d in docs for c in d["chunks"]]
-        picked = rng.choice(len(chunks), size=min(RECALL_QUERIES, len(chunks)), replace=False) if chunks else []
-        texts = [" ".join(chunk_text(chunks[i]["title"], chunks[i]["content"]).split()[:12]) for i in picked]
-    else:
-        texts = [texts[i] for i in rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)]
-    return encode(encoder, texts)
+    if texts:
+        return [texts[i] for i in rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)]
+    chunks = [c for d in docs for c in d["chunks"]]
+    picked = rng.choice(len(chunks), size=min(RECALL_QUERIES, len(chunks)), replace=False) if chunks else []
+    return [" ".join(chunk_text(chunks[i]["title"], chunks[i]["content"]).split()[:12]) for i in picked]
+
+
+def _release(corpus: Corpus) -> list[dict]:
+    """The corpus's documents dropped and their memory handed back to the system (3.2 GB of a
+    million passages would otherwise stay through the dense index and the training after it)."""
+    corpus.documents.clear()
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # glibc's; elsewhere the allocator keeps it
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return corpus.documents
 
 
 def _named(factory: str) -> str:
