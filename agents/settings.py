@@ -37,5 +37,5 @@ class AgentSettings(BaseModel):
 
 def trace_db_for(settings: AgentSettings, index_dir: Path) -> Path:
     """Where the traces of an index's server are kept: ``trace_db`` if set, else beside the index."""
-    index_dir = Path(index_dir)
+    index_dir = Path(index_dir).resolve()  # "." has no name of its own
     return settings.trace_db or index_dir.with_name(f"{index_dir.name}.traces.sqlite")

@@ -154,7 +154,8 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     for name, why in corpus.skipped:
         print(f"hybrid-search: skipped {name}: {why}", file=sys.stderr)
     judged = corpus.dataset is not None and corpus.dataset.training_split() is not None  # no adaptation then
-    manifest = build_index(engine, b, corpus, ray=ray, questions=None if judged else _query_writer(settings))
+    writer = None if judged else _query_writer(settings)
+    manifest = build_index(engine, b, corpus, ray=ray, questions=writer, release=True)  # its documents: the build's
     fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF"
     read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
     console.print(

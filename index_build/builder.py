@@ -61,6 +61,7 @@ def build_index(
     progress: bool = True,
     ray: str | None = None,
     questions: QueryWriter | None = None,
+    release: bool = False,
 ) -> Manifest:
     """Build into a work folder beside the target, then swap it in, so readers never see half an index.
 
@@ -68,7 +69,8 @@ def build_index(
     ``ray``: encode the corpus across the Ray cluster at this address ("local": start one); the
     index is the same. ``questions``: a chat server whose questions join the adaptation's
     pseudo-queries (``--llm-url``). ``build.vectors``: take the chunks' vectors from this file
-    (:mod:`index_build.vectors`) instead of encoding them.
+    (:mod:`index_build.vectors`) instead of encoding them. ``release``: the caller no longer needs
+    ``corpus.documents``, which are dropped once stored (as always for a corpus opened here).
 
     The corpus is encoded, tokenized and stored ``build.part_chunks`` chunks at a time, so memory is
     bounded by a part, not the corpus, and each finished part is kept (:class:`BuildFolder`): a build
@@ -82,7 +84,7 @@ def build_index(
     started = time.perf_counter()
     if build.adapt == "full":
         raise AdaptError(FULL_MISSING)
-    opened = corpus is None  # a corpus opened here is this build's to drop once stored
+    release = release or corpus is None  # a corpus opened here is this build's to drop once stored
     if corpus is None:
         corpus = open_corpus(build.data_dir, build.chunk_words, build.chunk_overlap_words, progress)
     if corpus.files and not corpus.documents:
@@ -95,12 +97,13 @@ def build_index(
     device = pick_device(settings.device)
     encoder = load_encoder(build.encoder, device)
     dimension = encoder.get_embedding_dimension()
-    check_factory(build.dense_index, dimension)
+    check_factory(build.dense_index, dimension, chunks)
     key = {
         "fingerprint": corpus.fingerprint,
         "encoder": build.encoder,
         "chunks": chunks,
         "part_chunks": build.part_chunks,
+        "chunking": [build.chunk_words, build.chunk_overlap_words],  # a folder's fingerprint is its files
         "vectors": _vectors_key(build.vectors),
         "format": FORMAT_VERSION,
     }
@@ -110,7 +113,7 @@ def build_index(
             given = GivenVectors(build.vectors, _record_ids(docs), dimension, work.path)
         tmp = work.path / "index"
         tmp.mkdir(exist_ok=True)
-        if not work.done("bm25"):
+        if not work.done("bm25") or not (tmp / BM25_DIR).is_dir():
             shutil.rmtree(tmp / BM25_DIR, ignore_errors=True)
             _build_bm25(tmp / BM25_DIR, docs, progress)
             work.mark("bm25")
@@ -119,12 +122,12 @@ def build_index(
         for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(todo) > 1):
             work.save_vectors(part, encode_part(_texts(docs[part.docs]), part.rows), chunks)
         tokenizer = TextTokenizer(encoder.tokenizer)  # the rerankers' token ids: MiniLM rerankers share it
-        if not work.done("store"):
+        if not work.done("store") or not (tmp / DOCS_FILE).is_file():
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
         documents, probe_texts = len(docs), _probe_texts(corpus, docs)
-        if opened:  # the texts are in the store now: the rest of the build reads the index
+        if release:  # the texts are in the store now: the rest of the build reads the index
             docs = _release(corpus)
         probes = functools.partial(encode, encoder, probe_texts)
         index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes)
@@ -307,6 +310,7 @@ def _keep_reranker(old: Path, new: Path, corpus_fingerprint: str) -> None:
     except IndexDirError:
         same_corpus = False
     if same_corpus:
+        shutil.rmtree(new / RERANKER_DIR, ignore_errors=True)  # a resumed build copied it before it stopped
         shutil.copytree(old / RERANKER_DIR, new / RERANKER_DIR)
 
 

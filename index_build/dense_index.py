@@ -45,17 +45,23 @@ def resolve(kind: str, n: int, hnsw_m: int = 32) -> str:
     return kind
 
 
-def check_factory(kind: str, dimension: int) -> None:
-    """Refuse a string FAISS cannot make, with FAISS's reason, before any work."""
+def check_factory(kind: str, dimension: int, n: int) -> None:
+    """Refuse, before any work, an index FAISS cannot make (with FAISS's reason) or an inverted file
+    with more lists than ``n`` vectors to train them."""
     import faiss
 
-    if kind in NAMED:
-        return
+    factory = resolve(kind, n)
     try:
-        faiss.index_factory(dimension, kind, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.index_factory(dimension, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
         cause = str(exc).strip().splitlines()[-1]
         raise ValueError(f"--dense-index {kind!r}: not an index FAISS can make ({cause})") from None
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and n < ivf.nlist:
+        raise ValueError(
+            f"--dense-index {factory}: {n:,} chunks, fewer than its {ivf.nlist:,} lists; use auto or flat until the"
+            " corpus is larger"
+        )
 
 
 def build_dense(
@@ -79,6 +85,7 @@ def build_dense(
         base.hnsw.efConstruction = 200
     info: dict = {"factory": factory}
     ivf = faiss.try_extract_index_ivf(base)
+
     if not base.is_trained:
         sample = _sample(vectors, max(TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 1), 50_000))
         log.info("dense index %s: training on %s of %s vectors", factory, f"{len(sample):,}", f"{n:,}")
@@ -125,7 +132,7 @@ def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None) ->
         scores, rows = exact.search(queries, min(k, exact.ntotal))
         merged_scores = np.concatenate([top, scores], axis=1)
         merged_rows = np.concatenate([truth, rows + start], axis=1)
-        best = np.argsort(-merged_scores, axis=1)[:, :RECALL_K]
+        best = np.argsort(-merged_scores, axis=1)[:, :k]
         top, truth = np.take_along_axis(merged_scores, best, 1), np.take_along_axis(merged_rows, best, 1)
     recall, nprobe = 0.0, 1
     while True:

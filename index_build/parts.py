@@ -72,6 +72,8 @@ class BuildFolder:
                 ", ".join(state["done"]) or "-",
                 len(state["vectors"]),
             )
+        if state["vectors"] and not (path / VECTORS_FILE).is_file():  # their file is gone: encode again
+            state["vectors"] = []
         self.state = state
         self._save()
 
@@ -125,7 +127,9 @@ class BuildFolder:
         return np.load(self.path / VECTORS_FILE, mmap_mode="r")
 
     def finish(self) -> None:
-        """The index was swapped in: the work is no longer needed."""
+        """The index was swapped in: the work is no longer needed (its state goes first, so that a
+        kill halfway through leaves nothing that claims to be done)."""
+        (self.path / STATE_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.path, ignore_errors=True)
 
     def _save(self) -> None:

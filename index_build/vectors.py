@@ -104,8 +104,9 @@ def _parquet_as_npy(path: Path, ids: list[str], dimension: int, work: Path) -> P
             raise VectorsError(
                 f"--vectors {path}: _id {got[wrong]!r} has {size} values, where the query encoder makes {dimension}"
             )
-        if seen[rows].any():
-            raise VectorsError(f"--vectors {path}: _id {got[int(np.flatnonzero(seen[rows])[0])]!r} appears twice")
+        if seen[rows].any() or len(set(rows)) < len(rows):
+            again = next(i for i, row in enumerate(rows) if seen[row] or row in rows[:i])
+            raise VectorsError(f"--vectors {path}: _id {got[again]!r} appears twice")
         array[rows] = np.asarray(values, dtype=np.float32)
         seen[rows] = True
     if not seen.all():

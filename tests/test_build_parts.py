@@ -84,12 +84,16 @@ def test_vectors_that_do_not_fit_are_refused_naming_what(beir_dir, tmp_path, arr
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_parquet_file_with_a_foreign_id_is_refused(beir_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [(["nope"], "'nope' is not a record of the corpus"), (["D-coffee-0", "D-coffee-0"], "'D-coffee-0' appears twice")],
+)
+def test_a_parquet_file_with_a_foreign_or_repeated_id_is_refused(beir_dir, tmp_path, ids, message):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"_id": ["nope"], "vector": [[0.1] * 384]}), tmp_path / "v.parquet")
-    with pytest.raises(VectorsError, match="'nope' is not a record of the corpus"):
+    pq.write_table(pa.table({"_id": ids, "vector": [[0.1] * 384] * len(ids)}), tmp_path / "v.parquet")
+    with pytest.raises(VectorsError, match=message):
         _build(tmp_path, beir_dir, "bad", vectors=tmp_path / "v.parquet")
     assert not (tmp_path / ".bad.building").exists()  # refused before any work: nothing kept to resume
 
@@ -154,6 +158,13 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         vector = engine.dense.encode_query("zanzibar clove harvest")
         assert engine.dense.search(vector, 1)[0][0] == "new-1#c1"  # in the inverted file, found by the probes
         assert "new-1" in {h.document_id for h in engine.search("zanzibar clove harvest", 3)}
+        # a filter's rows outside the probed lists are found all the same
+        import faiss
+
+        faiss.extract_index_ivf(engine.dense._index).nprobe = 1
+        allowed = [row for row, unit in engine.dense.units.items() if not unit.startswith("D-coffee")][:9]
+        within = engine.dense.search(vector, 20, allowed)
+        assert sorted(engine.dense.rows[u] for u, _ in within) == sorted(allowed)
         gone = engine.search("caffeine and the liver", 1)[0].document_id
         engine.live.delete(gone, wait=True)
         assert all(h.document_id != gone for h in engine.search("caffeine and the liver", 20))
@@ -161,9 +172,13 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         engine.close()
 
 
-def test_a_dense_index_faiss_cannot_make_is_refused_before_any_work(beir_dir, tmp_path):
-    with pytest.raises(ValueError, match="not an index FAISS can make"):
-        _build(tmp_path, beir_dir, "odd", dense_index="IVFbanana")
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("IVFbanana", "not an index FAISS can make"), ("IVF64,Flat", "32 chunks, fewer than its 64 lists")],
+)
+def test_a_dense_index_that_cannot_be_made_is_refused_before_any_work(beir_dir, tmp_path, kind, message):
+    with pytest.raises(ValueError, match=message):
+        _build(tmp_path, beir_dir, "odd", dense_index=kind)
     assert not (tmp_path / "odd").exists() and not (tmp_path / ".odd.building").exists()
 
 

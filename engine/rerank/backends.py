@@ -71,7 +71,8 @@ class TorchBackend:
             try:
                 return self._logits(rows, lengths)
             except torch.cuda.OutOfMemoryError:
-                self.compiled = None  # eager from now on: its compiled buckets were for the larger batches
+                if self.compiled is not None:  # eager from now on: its compiled buckets were for the larger batches
+                    self.compiled, self.compile_state = None, "eager: out of GPU memory"
                 torch.cuda.empty_cache()
                 if self.batch_size > 1:
                     self.batch_size //= 2

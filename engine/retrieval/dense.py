@@ -106,6 +106,9 @@ def place_index(index, device: str) -> tuple[object, str]:
     return index, "faiss-cpu"
 
 
+EXACT_WITHIN = 20_000  # a filter's rows an inverted file scores one by one rather than by its lists
+
+
 def _mapped(path: Path) -> int:
     """FAISS's read flags that map the file's vectors rather than copy them, so the processes serving
     one index share its pages (a writer reads a copy it can change): a flat index's codes (measured:
@@ -197,13 +200,29 @@ class DenseRetriever:
             scores, rows = self._fast.search(vector, min(k, len(self.units)))
         elif not allowed_rows:
             return []
+        elif self._ivf is not None:
+            return self._search_ivf_within(vector, k, allowed_rows)
         else:
-            selector = faiss.IDSelectorBatch(np.asarray(allowed_rows, dtype=np.int64))
-            if self._ivf is None:
-                params = faiss.SearchParameters(sel=selector)
-            else:
-                params = faiss.SearchParametersIVF(sel=selector, nprobe=self._ivf.nprobe)
+            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(np.asarray(allowed_rows, dtype=np.int64)))
             scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
+        return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+
+    def _search_ivf_within(self, vector: np.ndarray, k: int, allowed_rows: list[int]) -> list[tuple[str, float]]:
+        """An inverted file probes a few lists, and a filter's rows are mostly in others: a few rows
+        are scored exactly (read back by row), many are searched with the probes widened in
+        proportion to how much of the index they leave out."""
+        import faiss
+
+        ids = np.asarray([r for r in allowed_rows if r in self.units], dtype=np.int64)
+        if not len(ids):
+            return []
+        if len(ids) <= EXACT_WITHIN:
+            scores = self._index.reconstruct_batch(ids) @ vector.reshape(-1)
+            top = np.argsort(-scores, kind="stable")[:k]
+            return [(self.units[int(ids[i])], float(scores[i])) for i in top]
+        nprobe = min(self._ivf.nlist, self._ivf.nprobe * -(-self._ivf.ntotal // len(ids)))
+        params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBatch(ids), nprobe=nprobe)
+        scores, rows = self._index.search(vector, min(k, len(ids)), params=params)
         return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
 
     def similarity(self, vector: np.ndarray, unit_ids: list[str]) -> list[float]:
