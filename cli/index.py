@@ -159,7 +159,8 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
     fusion = "learned fusion" if (Path(engine.index_dir) / FUSION_DIR).is_dir() else "RRF"
     read = f"{corpus.files} files, {len(corpus.skipped)} skipped; " if corpus.dataset is None else ""
     console.print(
-        f"built [bold]{engine.index_dir}[/]: {read}{manifest.documents} documents ({corpus.chunks} chunks),"
+        f"built [bold]{engine.index_dir}[/]: {read}{manifest.documents} documents"
+        f" ({manifest.settings['chunks']:,} chunks),"
         f" encoder {manifest.encoder} ({manifest.dimension}-d, {manifest.dense_index}), {fusion},"
         f" {time.perf_counter() - started:.0f} s"
     )
