@@ -159,7 +159,7 @@ def test_the_containers_command_reaches_the_index_build(monkeypatch, tmp_path):
 
     built = []
     corpus = SimpleNamespace(skipped=[], files=1, chunks=1, dataset=SimpleNamespace(training_split=lambda: "train"))
-    manifest = SimpleNamespace(documents=1, encoder="e", dimension=1, dense_index="flat")
+    manifest = SimpleNamespace(documents=1, encoder="e", dimension=1, dense_index="flat", settings={"chunks": 1})
     monkeypatch.setattr(index_build.corpus, "open_corpus", lambda *a, **k: corpus)
     monkeypatch.setattr(index_build.builder, "build_index", lambda *a, **k: built.append(a) or manifest)
     args = build_parser().parse_args(json.loads(_instruction("CMD", _stages()[-1])[0]))
