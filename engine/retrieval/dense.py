@@ -111,9 +111,8 @@ EXACT_WITHIN = 20_000  # a filter's rows an inverted file scores one by one rath
 
 def _mapped(path: Path) -> int:
     """FAISS's read flags that map the file's vectors rather than copy them, so the processes serving
-    one index share its pages (a writer reads a copy it can change): a flat index's codes (measured:
-    200k vectors, 293 MiB private memory read, 7 MiB mapped), or an inverted file's lists, whose
-    files open with FAISS's ``Iw`` tag (72 MiB against 8)."""
+    one index share its pages (a writer reads a copy it can change): a flat index's codes, or an
+    inverted file's lists, whose files open with FAISS's ``Iw`` tag (figures: docs/scale.md)."""
     import faiss
 
     with open(path, "rb") as fh:
