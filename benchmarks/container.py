@@ -289,7 +289,15 @@ def http_json(method: str, url: str, body: dict | None = None) -> tuple[int, dic
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def run_container(name: str, volume: str, dataset: Path | None, ports: tuple[int, int], public_url: str) -> None:
+def run_container(
+    name: str,
+    volume: str,
+    dataset: Path | None,
+    ports: tuple[int, int],
+    public_url: str,
+    reranker: Path | None = None,
+    compile_model: bool = False,
+) -> None:
     podman("rm", "-f", "-t", "5", name, check=False)
     args = [
         "run",
@@ -307,7 +315,25 @@ def run_container(name: str, volume: str, dataset: Path | None, ports: tuple[int
     ]
     if dataset is not None:
         args += ["-v", f"{dataset}:/data/dataset:ro"]
+    if reranker is not None:  # as docs/container.md tells a user to mount one
+        args += ["-v", f"{reranker}:/models/reranker:ro", "-e", "HYBRID_SEARCH_RERANKER=/models/reranker"]
+    if compile_model:  # a CPU compiles the torch runtime only (ONNX Runtime is its default)
+        args += ["-e", "HYBRID_SEARCH_RERANK_COMPILE=true", "-e", "HYBRID_SEARCH_RERANK_RUNTIME=torch"]
     podman(*args, IMAGE)
+
+
+def reranker_checks(health: dict, compile_model: bool, check: Check) -> None:
+    """The mounted reranker serves; compiling forced on in an image without a compiler leaves it
+    eager, and /health says why."""
+    plan = health.get("reranker_plan") or {}
+    check.record("reranker mounted: serving", bool(health.get("reranker")), reranker=health.get("reranker"))
+    if compile_model:
+        state = str(plan.get("compile", ""))
+        check.record(
+            "compile forced, no compiler in the image: serves eager, /health says why",
+            state.startswith("eager: compiling failed"),
+            compile=state,
+        )
 
 
 def fresh_volume(volume: str) -> None:
@@ -527,8 +553,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--a2a-port", type=int, default=19010, help="host port published for 9010 (default 19010)")
     p.add_argument("--volume", default="hs-check-index", help="the named index volume (made fresh)")
     p.add_argument("--compose", action="store_true", help="also bring compose.yaml up with podman-compose")
+    p.add_argument(
+        "--reranker", type=Path, help="a reranker folder mounted read-only at /models/reranker (default: none)"
+    )
+    p.add_argument(
+        "--rerank-compile",
+        action="store_true",
+        help="with --reranker: compiling forced on (the torch runtime), to show the image serves eager without a"
+        " compiler and says why in /health",
+    )
     p.add_argument("--output", type=Path, default=ROOT / "benchmarks/results/container.json")
     args = p.parse_args(argv)
+    if args.rerank_compile and args.reranker is None:
+        p.error("--rerank-compile needs --reranker")
+    args.reranker = args.reranker.resolve() if args.reranker else None
     args.dataset = args.dataset.resolve()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="hybrid-search-container-"))
@@ -556,7 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     name, mcp, a2a = "hs-check", f"http://127.0.0.1:{args.mcp_port}", f"http://127.0.0.1:{args.a2a_port}"
     say(f"first start: fresh volume {args.volume}, dataset {args.dataset} read-only (builds the index)")
     fresh_volume(args.volume)
-    run_container(name, args.volume, args.dataset, (args.mcp_port, args.a2a_port), a2a)
+    run_container(
+        name, args.volume, args.dataset, (args.mcp_port, args.a2a_port), a2a, args.reranker, args.rerank_compile
+    )
     ok, seconds, why = wait_healthy(name, 1800)
     report["time_to_healthy_s"] = {"first_start_with_index_build": round(seconds, 1)}
     if not check.record("first start healthy", ok, seconds=round(seconds, 1), state=why):
@@ -565,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         status, health = http_json("GET", f"{mcp}/health")
         report["health"] = health
+        if args.reranker is not None:
+            reranker_checks(health, args.rerank_compile, check)
         say(f"A2A: {args.queries} dev queries through {a2a}")
         report["a2a"] = a2a_eval(a2a, args.dataset, args.queries, args.seed, args.top_k, check)
         mcp_check(f"{mcp}/mcp", check)

@@ -140,10 +140,11 @@ class EngineSettings(BaseModel):
     )
     rerank_compile: bool = Field(
         False,
-        description="on CUDA, the torch reranker compiled (torch.compile) for a few length and batch buckets and"
+        description="the torch reranker compiled (torch.compile) for a few length and batch buckets and"
         " warmed over them at start, each pass padded up to its bucket; a compile that fails leaves it eager"
         " (/health says why). Off by default: in the served path it did not pay on an H100 (docs/gpu.md), and"
-        " it needs a C compiler at run time. Ignored on a CPU",
+        " it needs a C compiler at run time. Ignored by the ONNX runtime (a CPU's default: --rerank-runtime torch to"
+        " compile there)",
     )
 
     # live documents

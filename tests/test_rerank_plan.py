@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (dict(device="cpu", bf16_native=False), "onnx", "fp32", False, False),
         (dict(device="cpu", card_quantize="int8"), "onnx-int8", "int8", False, False),
         (dict(device="cpu", runtime="torch", quantize="none"), "torch", "fp32", False, True),
+        (dict(device="cpu", runtime="torch", quantize="none", compile_model=True), "torch", "fp32", True, True),
         (dict(device="cuda", quantize="int8"), "onnx-int8", "int8", False, False),
     ],
 )
@@ -34,8 +35,8 @@ def test_the_plan_follows_device_runtime_precision_and_card(asked, runtime, prec
 
 
 def test_settings_that_do_not_apply_are_said_not_silently_dropped():
-    on_cpu = plan_reranker("cpu", "torch", "none", compile_model=True)
-    assert not on_cpu.compile and any("compiling is for the torch runtime on CUDA" in n for n in on_cpu.notes)
+    onnx = plan_reranker("cpu", "onnx", "none", compile_model=True)
+    assert not onnx.compile and any("compiling is for the torch runtime; with onnx" in n for n in onnx.notes)
     bf16_on_gpu = plan_reranker("cuda", quantize="bf16")
     assert bf16_on_gpu.precision == "fp16" and any("bf16 is for a CPU" in n for n in bf16_on_gpu.notes)
     slow = plan_reranker("cpu", quantize="bf16", bf16_native=False)

@@ -1,4 +1,4 @@
-"""The torch reranker on CUDA, compiled for a few shapes and warmed over them at start.
+"""The torch reranker, compiled for a few shapes and warmed over them at start.
 
 ``torch.compile`` guards what it compiled on the shapes it saw; a shape that breaks a guard at
 request time means a compilation of seconds inside a query. So every pass is padded up to a
@@ -7,8 +7,8 @@ bucket: its pairs to the next of a few batch sizes, its width to the next of a f
 server says it is ready. The model is compiled with dynamic shapes (as the H100's 2.9 ms was
 measured), so the buckets share one compilation where the guards allow rather than costing one
 each. A pass's padding rows attend to their first token only (a row attending to nothing is not
-defined), and their logits are dropped. Only :class:`~engine.rerank.cross_encoder.Reranker` on
-CUDA builds one (``rerank_compile``); a CPU never does.
+defined), and their logits are dropped. :class:`~engine.rerank.cross_encoder.Reranker` builds one
+when its plan says (``rerank_compile`` with the torch runtime, on CUDA or a CPU).
 
 Not CUDA graphs (``mode="reduce-overhead"``, 2.6 ms for 100 pairs on the H100 against 2.9 for
 this): a graph is recorded for the thread that ran it, and a server's searches call the model from

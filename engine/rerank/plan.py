@@ -89,9 +89,9 @@ def plan_reranker(
         backend = runtime if runtime != "auto" else ("onnx" if device == "cpu" or quantize != "none" else "torch")
     if quantize == "int8" and backend != "onnx":
         raise RerankerError(f"--rerank-quantize {quantize} needs the ONNX runtime, not {runtime}")
-    compiled = compile_model and backend == "torch" and device == "cuda"
+    compiled = compile_model and backend == "torch"
     if compile_model and not compiled:
-        notes.append(f"compiling is for the torch runtime on CUDA; on {device} with {backend} the model runs as is")
+        notes.append(f"compiling is for the torch runtime; with {backend} the model runs as is")
     precision = "int8" if quantize == "int8" else "bf16" if quantize == "bf16" else "fp32"
     if backend == "torch" and device == "cuda":
         precision = "fp16"
