@@ -10,6 +10,11 @@ sends their rows over the workers' local channel (:mod:`serving.worker_channel`,
 (:class:`~engine.rerank.batching.RerankBatcher`, ``rerank_batch_tokens``), scores them in
 length-sorted passes, and answers each call with exactly its own scores.
 
+With ``--shared-query-encoder on`` the process also encodes every worker's queries with the index's
+encoder on its own device (:class:`SharedQueryEncoder`, gathered by
+:class:`~engine.retrieval.query_batcher.QueryBatcher`): the GPU then has one owner for both models,
+and each worker only searches the vectors. Off, each worker encodes its own on the CPU (ONNX).
+
 A failure is a reranker failure as in one process: a call that fails or finds the process gone
 (killed, restarting) raises in the worker, whose query is answered in the fused order
 (:mod:`engine.search.stages`), and its ``/health`` says ``degraded`` with the process unreachable.
@@ -25,6 +30,8 @@ import sys
 import threading
 from multiprocessing.connection import Connection, wait
 
+import numpy as np
+
 from engine.rerank.cross_encoder import PairPreparer, PreparedPairs
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairRow
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 RERANKER = "reranker"  # its address on the channel, and its name among the supervisor's children
 STATUS_TIMEOUT_S = 2.0
 DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running")
+QUERY_BATCH = 64  # queries encoded in one pass at most
 
 
 def shared(settings: Settings) -> bool:
@@ -86,15 +94,23 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
         messages.send(("ready", None))
         return
     batcher = RerankBatcher(reranker, s.rerank_batch_wait_ms / 1000, s.rerank_batch_tokens)
+    queries = _query_batcher(settings, reranker.device) if settings.serving.shared_query_encoder == "on" else None
 
     def score(rows: list[PairRow], lengths: list[int]) -> list[float]:
         return batcher.finish(PreparedPairs([None] * len(rows), [], rows, lengths))
 
     def status() -> dict:
-        return {"pid": os.getpid(), "device": reranker.device, "compiled": reranker.compile_state, **batcher.stats()}
+        encoded = queries.stats() if queries is not None else {}
+        return (
+            {"pid": os.getpid(), "device": reranker.device, "compiled": reranker.compile_state}
+            | batcher.stats()
+            | encoded
+        )
 
-    server = ChannelServer(channel, RERANKER, {"score": score, "status": status})
-    messages.send(("ready", {key: getattr(reranker, key) for key in DESCRIBED}))
+    handlers = {"score": score, "status": status} | ({"encode": queries} if queries is not None else {})
+    server = ChannelServer(channel, RERANKER, handlers)
+    described = {key: getattr(reranker, key) for key in DESCRIBED}
+    messages.send(("ready", described | {"query_encoder": queries.runtime if queries is not None else None}))
     log.info("reranker %s on %s (%s) scoring every worker's pairs", reranker.name, reranker.device, reranker.runtime)
     stop.wait()
     server.close(settings.serving.query_timeout_s)
@@ -104,6 +120,25 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
     # no interpreter teardown: threads CUDA and torch leave behind (compile workers, the caching
     # allocator's) held the process past the supervisor's wait on an H100, where it was killed
     os._exit(0)
+
+
+def _query_batcher(settings: Settings, device: str):
+    """The index's query encoder on the reranker's device (fp16 on CUDA), batching every worker's
+    queries."""
+    from engine.retrieval.dense import encode
+    from engine.retrieval.encoder import load_encoder
+    from engine.retrieval.query_batcher import QueryBatcher
+    from engine.store.index_dir import read_manifest
+
+    name = read_manifest(settings.engine.index_dir).encoder
+    model = load_encoder(name, device)
+    log.info("encoding every worker's queries with %s on %s", name, device)
+    return QueryBatcher(
+        lambda texts: encode(model, texts, batch_size=QUERY_BATCH),
+        f"shared torch-{device}",
+        settings.engine.rerank_batch_wait_ms / 1000,
+        QUERY_BATCH,
+    )
 
 
 def _stop_with_supervisor(stop: threading.Event) -> None:
@@ -136,3 +171,14 @@ class SharedReranker(PairPreparer):
             return {"reachable": True, **call(self.channel, RERANKER, "status", timeout_s=STATUS_TIMEOUT_S)}
         except WorkerUnreachable as exc:
             return {"reachable": False, "error": str(exc)}
+
+
+class SharedQueryEncoder:
+    """A worker's :class:`~engine.retrieval.encoder.QueryEncoder` when the reranker process encodes
+    every worker's queries (``--shared-query-encoder on``)."""
+
+    def __init__(self, channel: Channel, runtime: str, timeout_s: float) -> None:
+        self.channel, self.runtime, self.timeout_s = channel, runtime, timeout_s
+
+    def __call__(self, text: str) -> np.ndarray:
+        return np.asarray(call(self.channel, RERANKER, "encode", text, timeout_s=self.timeout_s), dtype=np.float32)

@@ -21,6 +21,7 @@ from engine.errors import ServiceError
 from engine.health import FailureCount
 from engine.live.writer import DocumentNotFound, Writer
 from engine.rerank.cross_encoder import Scorer
+from engine.retrieval.encoder import QueryEncoder
 from engine.search import Hit, HybridEngine
 from serving.admission import Admission, Overloaded
 from serving.requests import BadRequest, validated
@@ -52,14 +53,18 @@ class SearchService:
         writable: bool = False,
         follow: Writer | None = None,
         reranker: Scorer | None = None,
+        query_encoder: QueryEncoder | None = None,
     ) -> None:
         """``follow``: the index's writer in another process, whose checkpoints this engine shows;
-        ``reranker``: one in another process (by default the engine loads the index's own)."""
+        ``reranker``, ``query_encoder``: in another process (by default the engine loads the index's
+        own)."""
         self.settings = settings
         self.search_request = SearchRequest.limited(settings.serving.max_query_chars)  # what a search may ask here
         started = time.perf_counter()
         self._owns_engine = engine is None
-        self.engine = engine or HybridEngine(settings.engine, writable=writable, reranker=reranker, follow=follow)
+        self.engine = engine or HybridEngine(
+            settings.engine, writable=writable, reranker=reranker, follow=follow, query_encoder=query_encoder
+        )
         searches = settings.engine.warmup_searches if self._owns_engine else 0  # a lent engine is its owner's
         self.warmup = {"searches": searches, "seconds": round(self.engine.warm_up(searches), 2)}
         if searches:

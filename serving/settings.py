@@ -78,6 +78,12 @@ class ServingSettings(BaseModel):
         " GPU); off = each worker loads its own; auto = on with CUDA, off on a CPU, where the worker's own"
         " reranker answered faster (docs/configuration.md)",
     )
+    shared_query_encoder: Literal["off", "on"] = Field(
+        "off",
+        description="with the shared reranker process: on = it also encodes every worker's queries on its device,"
+        " batched (the GPU's one owner runs both models, the workers only search vectors); off = each worker"
+        " encodes its own, on the CPU (ONNX) when the reranker process holds the GPU (docs/gpu.md)",
+    )
 
     def worker_count(self) -> int:
         """``workers``, with 0 resolved from the cores this process may use."""

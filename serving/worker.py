@@ -25,7 +25,7 @@ from prometheus_client.metrics_core import Metric
 from serving import telemetry
 from serving.a2a_tasks import WorkerTasks
 from serving.app import build_apps, door_ports, serve_apps
-from serving.reranker_process import SharedReranker
+from serving.reranker_process import SharedQueryEncoder, SharedReranker
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.tls import tls_options
@@ -47,7 +47,14 @@ class WorkerService(SearchService):
         self.shared_reranker = (
             SharedReranker(seat.channel, seat.reranker, settings.engine, timeout_s) if seat.reranker else None
         )
-        super().__init__(settings, writable=seat.role == "writer", follow=follow, reranker=self.shared_reranker)
+        encoder = (seat.reranker or {}).get("query_encoder")
+        super().__init__(
+            settings,
+            writable=seat.role == "writer",
+            follow=follow,
+            reranker=self.shared_reranker,
+            query_encoder=SharedQueryEncoder(seat.channel, encoder, timeout_s) if encoder else None,
+        )
         self.seat = seat
 
     def health(self) -> dict:

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import pytest
 
 from benchmarks.reliability.server import (
@@ -25,8 +26,11 @@ from benchmarks.reliability.server import (
 )
 from engine.rerank.loading import load_reranker
 from engine.rerank.pair_assembly import PassageTokens
+from engine.retrieval.dense import encode
+from engine.retrieval.encoder import load_encoder
+from engine.store.index_dir import read_manifest
 from offline.dataset import load_dataset
-from serving.reranker_process import SharedReranker, run_reranker
+from serving.reranker_process import SharedQueryEncoder, SharedReranker, run_reranker
 from serving.settings import Settings
 from serving.worker_channel import Channel, WorkerUnreachable
 from tests.helpers import fails_to_serve
@@ -38,22 +42,30 @@ def _jobs(beir_dir) -> list[tuple[str, list[str]]]:
     return [(f"question {i} about {topics[i % 4]}", docs[i : i + 3 + i % 4]) for i in range(12)]
 
 
-def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
-    index_dir, reranker_dir, beir_dir, tmp_path
-):
-    settings = Settings().with_values(
-        index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_batch_wait_ms=200, rerank_batch_tokens=1 << 20
-    )
+def _spawned(settings: Settings, tmp_path) -> tuple[multiprocessing.Process, Channel, dict]:
+    """The reranker process as the supervisor starts it, once it says it is ready."""
     channel = Channel(tmp_path, os.urandom(32))
     context = multiprocessing.get_context("spawn")
     messages, sender = context.Pipe(duplex=False)
     process = context.Process(target=run_reranker, args=(channel, settings, sender, {"": logging.WARNING}))
     process.start()
     sender.close()
+    assert messages.poll(120), "the reranker process did not say it was ready"
+    kind, described = messages.recv()
+    assert kind == "ready", described
+    return process, channel, described
+
+
+def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
+    index_dir, reranker_dir, beir_dir, tmp_path
+):
+    settings = Settings().with_values(
+        index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_batch_wait_ms=200, rerank_batch_tokens=1 << 20
+    )
+    process, channel, described = _spawned(settings, tmp_path)
     try:
-        assert messages.poll(120), "the reranker process did not say it was ready"
-        kind, described = messages.recv()
-        assert kind == "ready" and described["device"] == "cpu" and described["max_length"] == 96
+        assert described["device"] == "cpu" and described["max_length"] == 96
+        assert described["query_encoder"] is None  # the workers encode their own queries unless asked
         shared = SharedReranker(channel, described, settings.engine, timeout_s=60)
         local = load_reranker(settings.engine, reranker_dir, "cpu", cache=False)  # as one process serves it
         assert shared.text_tokens.fingerprint == local.text_tokens.fingerprint  # the index's ids fit its pairs
@@ -84,6 +96,28 @@ def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
         if process.is_alive():
             process.kill()
             process.join()
+
+
+def test_the_process_encodes_every_callers_query_as_the_index_encoder_does(index_dir, reranker_dir, tmp_path):
+    settings = Settings().with_values(
+        index_dir=index_dir, device="cpu", reranker=reranker_dir, shared_query_encoder="on", rerank_batch_wait_ms=200
+    )
+    process, channel, described = _spawned(settings, tmp_path)
+    try:
+        assert described["query_encoder"] == "shared torch-cpu"
+        remote = SharedQueryEncoder(channel, described["query_encoder"], timeout_s=60)
+        model = load_encoder(read_manifest(index_dir).encoder, "cpu")
+        queries = [f"question {i} about {topic}" for i, topic in enumerate(["soy", "coffee", "rice", "meat"] * 4)]
+        with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+            rows = list(pool.map(remote, queries))
+        for query, row in zip(queries, rows, strict=True):
+            assert row.shape == (1, model.get_embedding_dimension()) and row.dtype == np.float32
+            assert row == pytest.approx(encode(model, [query]), abs=1e-5)  # batched or alone, the same row
+        status = SharedReranker(channel, described, settings.engine, timeout_s=60).status()
+        assert status["queries_encoded"] == len(queries) and 1 <= status["encode_batches"] <= len(queries)
+    finally:
+        process.kill()
+        process.join()
 
 
 @pytest.fixture(scope="module")

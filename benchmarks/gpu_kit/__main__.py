@@ -88,10 +88,10 @@ def http(out: Path) -> int:
     return 0
 
 
-SERVING = {  # stage -> (name of its results, one reranker process, retrieval on the CPU in each worker)
-    "shared": ("workers-shared-reranker", True, False),
-    "shared-cpu-retrieval": ("workers-shared-reranker-cpu-retrieval", True, True),
-    "workers": ("workers-own-reranker", False, False),
+SERVING = {  # stage -> (name of its results, one reranker process, serve's other flags)
+    "shared": ("workers-shared-reranker", True, ()),  # the workers encode queries and search on the CPU
+    "shared-gpu-encoder": ("workers-shared-reranker-gpu-encoder", True, ("--shared-query-encoder", "on")),
+    "workers": ("workers-own-reranker", False, ()),
 }
 
 
@@ -112,10 +112,11 @@ def _stage_seconds(url: str) -> dict[str, tuple[float, float]]:
 
 def serving(out: Path, stage: str, small: bool) -> int:
     """``serve --workers N`` end to end through REST at depth 100: each worker with its own reranker
-    (``workers``), or every worker's pairs scored by the one reranker process (``shared``; with
-    ``shared-cpu-retrieval`` the workers encode queries and search vectors on the CPU, so that the
-    GPU has one owner). Warmed with 8 connections, then 1, 64 and 8 clients, each level saved as it
-    ends with the served stages' mean ms (``/metrics``) and the reranker process's own time."""
+    (``workers``), or every worker's pairs scored by the one reranker process (``shared``: the
+    workers encode queries and search vectors on the CPU, so that the GPU has one owner; with
+    ``shared-gpu-encoder`` that process also encodes every worker's queries, batched). Warmed with
+    8 connections, then 1, 64 and 8 clients, each level saved as it ends with the served stages'
+    mean ms (``/metrics``) and the reranker process's own time."""
     import httpx
 
     from agents.door_load import bench_http
@@ -123,13 +124,13 @@ def serving(out: Path, stage: str, small: bool) -> int:
     from offline.latency import save
 
     scale = SMALL if small else FULL
-    name, shared, cpu_retrieval = SERVING[stage]
+    name, shared, flags = SERVING[stage]
     queries = _dev_queries(scale["queries"])
     port = free_port()
     args = ["serve", "--mcp-port", str(port), "--no-a2a", "--workers", str(scale["workers"])]
     args += ["--shared-reranker", "on" if shared else "off", *_reranker_args(), "--rerank-depth", "100"]
     args += ["--rerank-cache-size", "0"]  # every query scored: the runs repeat the queries the warm-up asked
-    args += ["--retrieval-device", "cpu"] * cpu_retrieval
+    args += flags
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     server = start_server(args, f"{url}/health", out / f"{name}-server.log")
@@ -178,8 +179,7 @@ def _process(url: str) -> dict | None:
 def compiled(out: Path, small: bool) -> int:
     """The served reranker (torch) eager and compiled over its buckets, each loaded with the same
     seed (an untrained head is random): ms for one query's pairs, the model apart from making its
-    pairs, the compile's seconds and graphs per bucket, recompiles while timing, and rank agreement;
-    compiling is CUDA's only, so a CPU times eager alone."""
+    pairs, the compile's seconds and graphs per bucket, recompiles while timing, and rank agreement."""
     import numpy as np
     import torch
     from torch._dynamo.utils import counters
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--stages", default="", help=f"comma-separated, of {', '.join(s.name for s in STAGES)}")
     rn.add_argument("--out", type=Path, required=True, help="where results.tar.gz goes (the device's $OUT)")
     rh = sub.add_parser("rehearse", help=f"here, on a CPU: the stages {', '.join(REHEARSED)}, small")
-    rh.add_argument("--stages", default=",".join(REHEARSED), help="comma-separated (default: all three)")
+    rh.add_argument("--stages", default=",".join(REHEARSED), help="comma-separated (default: all of them)")
     rh.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
     rh.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
     rh.add_argument("--out", type=Path, required=True, help="where each stage's log and results go")
@@ -275,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         return rehearse([s for s in args.stages.split(",") if s], args.index_dir, args.data, args.out)
     if args.verb == "compiled":
         return compiled(args.out, args.small)
+    if args.verb == "dense":
+        from benchmarks.gpu_kit.dense import dense
+
+        return dense(args.out, args.small)
     if args.verb in SERVING:
         return serving(args.out, args.verb, args.small)
     return {"check": check, "http": http}[args.verb](args.out)

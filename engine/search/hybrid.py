@@ -25,7 +25,7 @@ from engine.rerank.cross_encoder import PairScorer, RerankerError, Scorer
 from engine.rerank.loading import open_reranker
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.dense import DenseRetriever, encode
-from engine.retrieval.encoder import load_encoder, load_query_encoder, pick_device
+from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
 from engine.search import stages
@@ -65,8 +65,11 @@ class HybridEngine:
         writable: bool = False,
         reranker: Scorer | None = None,
         follow: Writer | None = None,
+        query_encoder: QueryEncoder | None = None,
     ) -> None:
         """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
+        ``query_encoder``: one served elsewhere (the process owning the GPU); by default the index's
+        encoder on ``retrieval_device``.
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
         from engine.live.follower import Follower
@@ -83,7 +86,7 @@ class HybridEngine:
             self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
         )
         encoder = load_encoder(self.manifest.encoder, retrieval_device)
-        query_encoder = load_query_encoder(
+        query_encoder = query_encoder or load_query_encoder(
             encoder,
             self.manifest.encoder,
             retrieval_device,
