@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -92,7 +93,7 @@ def build_index(
         raise ValueError(f"{corpus.root}: no file could be read ({reasons})")
     target = Path(settings.index_dir)
     docs = corpus.documents
-    parts = plan_parts(docs, build.part_chunks)
+    parts = plan_parts(corpus.chunk_counts(), build.part_chunks)
     chunks = parts[-1].rows.stop if parts else 0
     device = pick_device(settings.device)
     encoder = load_encoder(build.encoder, device)
@@ -110,7 +111,7 @@ def build_index(
     with BuildFolder.open(target, key) as work:
         given = None
         if build.vectors is not None:
-            given = GivenVectors(build.vectors, _record_ids(docs), dimension, work.path)
+            given = GivenVectors(build.vectors, _record_ids(corpus), dimension, work.path)
         tmp = work.path / "index"
         tmp.mkdir(exist_ok=True)
         if not work.done("bm25") or not (tmp / BM25_DIR).is_dir():
@@ -120,15 +121,15 @@ def build_index(
         encode_part = _encoder(encoder, build.encoder, settings, given, ray, progress)
         todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
         for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(todo) > 1):
-            work.save_vectors(part, encode_part(_texts(docs[part.docs]), part.rows), chunks)
+            work.save_vectors(part, encode_part(lambda p=part: _texts(docs[p.docs]), part.rows), chunks)
         tokenizer = TextTokenizer(encoder.tokenizer)  # the rerankers' token ids: MiniLM rerankers share it
         if not work.done("store") or not (tmp / DOCS_FILE).is_file():
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
-        documents, probe_texts = len(docs), _probe_texts(corpus, docs)
+        documents, probe_texts = len(docs), _probe_texts(corpus)
         if release:  # the texts are in the store now: the rest of the build reads the index
-            docs = _release(corpus)
+            _release(corpus)
         probes = functools.partial(encode, encoder, probe_texts)
         index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes)
         import faiss
@@ -180,7 +181,7 @@ def build_index(
     return manifest
 
 
-def _probe_texts(corpus: Corpus, docs: list[dict]) -> list[str]:
+def _probe_texts(corpus: Corpus) -> list[str]:
     """What an approximate index's recall is measured on: 200 of the dataset's training queries
     (their texts only; never a held-out split's), or without any, the opening words of 200 chunks,
     as a user's short question would read."""
@@ -189,19 +190,22 @@ def _probe_texts(corpus: Corpus, docs: list[dict]) -> list[str]:
     texts = list(corpus.dataset.split_queries(split).values()) if split is not None else []
     if texts:
         return [texts[i] for i in rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)]
-    chunks = [c for d in docs for c in d["chunks"]]
-    picked = rng.choice(len(chunks), size=min(RECALL_QUERIES, len(chunks)), replace=False) if chunks else []
-    return [" ".join(chunk_text(chunks[i]["title"], chunks[i]["content"]).split()[:12]) for i in picked]
+    counts = np.asarray(corpus.chunk_counts(), dtype=np.int64)
+    total = int(counts.sum())
+    picked = np.sort(rng.choice(total, size=min(RECALL_QUERIES, total), replace=False)) if total else []
+    owner = np.searchsorted(np.cumsum(counts), picked, side="right")  # the document holding each picked row
+    first = np.cumsum(counts) - counts
+    chunks = [corpus.documents[int(d)]["chunks"][int(row - first[d])] for d, row in zip(owner, picked, strict=True)]
+    return [" ".join(chunk_text(c["title"], c["content"]).split()[:12]) for c in chunks]
 
 
-def _release(corpus: Corpus) -> list[dict]:
-    """The corpus's documents dropped and their memory handed back to the system (3.2 GB of a
-    million passages would otherwise stay through the dense index and the training after it)."""
-    corpus.documents.clear()
+def _release(corpus: Corpus) -> None:
+    """The corpus's documents dropped and their memory handed back to the system (a folder's chunks,
+    held in memory, would otherwise stay through the dense index and the training after it)."""
+    corpus.release()
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # glibc's; elsewhere the allocator keeps it
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return corpus.documents
 
 
 def _named(factory: str) -> str:
@@ -220,19 +224,20 @@ def _vectors_key(path: Path | None) -> dict | None:
     }
 
 
-def _record_ids(docs: list[dict]) -> list[str]:
+def _record_ids(corpus: Corpus) -> list[str]:
     """Each chunk's record id, for vectors given a record each: a record split in several chunks
     cannot take one vector."""
-    split = next((d for d in docs if len(d["chunks"]) != 1), None)
+    ids = corpus.record_ids()
+    split = next(((i, n) for i, n in enumerate(corpus.chunk_counts()) if n != 1), None)
     if split is not None:
         raise VectorsError(
-            f"--vectors needs one chunk a record, but {split['document_id']!r} has {len(split['chunks'])}"
+            f"--vectors needs one chunk a record, but {ids[split[0]]!r} has {split[1]}"
             " (a BEIR corpus keeps a record whole; for files, vectors cannot match chunks the build cuts)"
         )
-    return [d["document_id"] for d in docs]
+    return ids
 
 
-def _texts(docs: list[dict]) -> list[str]:
+def _texts(docs: Sequence[dict]) -> list[str]:
     return [chunk_text(c["title"], c["content"]) for d in docs for c in d["chunks"]]
 
 
@@ -240,9 +245,10 @@ def _encoder(encoder, name: str, settings: EngineSettings, given: GivenVectors |
     """What makes a part's vectors from its texts and rows: the given file's rows, Ray's workers
     (the encoder ``name``), or here."""
 
-    def part_vectors(texts: list[str], rows: range) -> np.ndarray:
-        if given is not None:
+    def part_vectors(part_texts: Callable[[], list[str]], rows: range) -> np.ndarray:
+        if given is not None:  # the part's texts are not even read
             return given.rows(rows.start, rows.stop)
+        texts = part_texts()
         if ray is not None:
             from index_build.ray_encode import encode_on_ray
 
@@ -253,7 +259,7 @@ def _encoder(encoder, name: str, settings: EngineSettings, given: GivenVectors |
     return part_vectors
 
 
-def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
+def _build_bm25(path: Path, docs: Sequence[dict], progress: bool) -> None:
     """Title and text in one ``contents`` field, Anserini's analyzer: BEIR "flat". Each chunk is
     indexed under its document, so that live updates replace a document's chunks by its id."""
     index = LuceneIndex(path, writable=True, create=True)
@@ -266,7 +272,7 @@ def _build_bm25(path: Path, docs: list[dict], progress: bool) -> None:
     index.close()
 
 
-def _write_store(path: Path, docs: list[dict], parts: list[Part], tokenizer: TextTokenizer, progress: bool) -> None:
+def _write_store(path: Path, docs: Sequence[dict], parts: list[Part], tokenizer: TextTokenizer, progress: bool) -> None:
     """Every document with its chunks' token ids, a part a transaction, tokenized a part at a time
     (all at once, tokenizing held every encoding alive: 47 KB a passage). A stopped build keeps the
     parts it stored: the store's next row says where to go on."""
@@ -274,10 +280,11 @@ def _write_store(path: Path, docs: list[dict], parts: list[Part], tokenizer: Tex
     stored = store.meta("next_row")
     todo = [part for part in parts if part.rows.start >= stored and (part.rows or stored == 0)]
     for part in track(todo, "document store", "part", enabled=progress and len(parts) > 1):
-        texts = _texts(docs[part.docs])
+        part_docs = docs[part.docs]
+        texts = _texts(part_docs)
         tokens = [t for i in range(0, len(texts), TOKENIZE_BATCH) for t in tokenizer(texts[i : i + TOKENIZE_BATCH])]
         placed, row = [], part.rows.start
-        for doc in docs[part.docs]:
+        for doc in part_docs:
             rows = list(range(row, row + len(doc["chunks"])))
             placed.append((doc, rows, tokens[row - part.rows.start : row - part.rows.start + len(rows)]))
             row += len(rows)

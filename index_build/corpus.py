@@ -4,11 +4,15 @@ A folder is read recursively (hidden files and folders left out); each file whol
 through ``ingest.read_documents``: a file that cannot be read, or repeats a document id already
 read, is skipped with its reason and changes nothing. A file of one document takes its path
 relative to the folder as its id (``reports/q3.pdf``), so two ``notes.md`` in two folders differ.
+
+A BEIR corpus is streamed (:class:`BeirDocuments`): its records stay in ``corpus.jsonl`` and a
+build reads them a part at a time, so its memory does not grow with the corpus's texts.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from offline.dataset import (
     Dataset,
     DatasetError,
     Document,
+    StreamedCorpus,
     beir_document,
     fingerprint,
     load_dataset,
@@ -28,13 +33,35 @@ from offline.dataset import (
 from offline.progress import track
 
 
+class BeirDocuments(Sequence[dict]):
+    """A streamed BEIR corpus as the store's documents (one chunk a record), read from the file
+    when indexed or iterated: ``documents[part]`` reads that part's lines alone."""
+
+    def __init__(self, corpus: StreamedCorpus) -> None:
+        self.corpus = corpus
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    def __getitem__(self, at):  # an int or a slice of rows, as a list's
+        if isinstance(at, slice):
+            start, stop, step = at.indices(len(self))
+            if step != 1:
+                raise ValueError("documents are read in runs of rows")
+            return [beir_document(doc) for doc in self.corpus.rows(start, stop)]
+        return beir_document(self.corpus.rows(at, at + 1)[0])
+
+    def __iter__(self) -> Iterator[dict]:
+        return (beir_document(doc) for doc in self.corpus.values())
+
+
 @dataclass
 class Corpus:
     """Documents as the document store holds them (each chunk with its ``title``), and, for a BEIR
     dataset, the dataset whose judgments train the memory and the fusion."""
 
     root: Path
-    documents: list[dict]
+    documents: Sequence[dict]  # a list, or BeirDocuments (streamed from the file)
     fingerprint: str
     dataset: Dataset | None = None
     files: int = 0
@@ -42,7 +69,24 @@ class Corpus:
 
     @property
     def chunks(self) -> int:
-        return sum(len(d["chunks"]) for d in self.documents)
+        return sum(self.chunk_counts())
+
+    def chunk_counts(self) -> list[int]:
+        """Each document's chunks (a streamed BEIR record is one, known without reading it)."""
+        if isinstance(self.documents, BeirDocuments):
+            return [1] * len(self.documents)
+        return [len(d["chunks"]) for d in self.documents]
+
+    def record_ids(self) -> list[str]:
+        """The documents' ids in order (a streamed corpus knows them without reading the file)."""
+        if isinstance(self.documents, BeirDocuments):
+            return self.documents.corpus.ids
+        return [d["document_id"] for d in self.documents]
+
+    def release(self) -> None:
+        """Drop the documents held in memory (once stored, a build reads the index instead)."""
+        if isinstance(self.documents, list):
+            self.documents.clear()
 
 
 def is_beir(folder: Path) -> bool:
@@ -55,13 +99,17 @@ def open_corpus(root: Path, chunk_words: int = 200, overlap_words: int = 40, pro
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder (give --data a BEIR dataset or a folder of files)")
     if is_beir(root):
-        return beir_corpus(load_dataset(root))
+        return beir_corpus(load_dataset(root, stream=True))
     return read_folder(root, chunk_words, overlap_words, progress)
 
 
 def beir_corpus(dataset: Dataset) -> Corpus:
-    """Each BEIR record a document of one chunk whose id is the record's."""
-    documents = [beir_document(doc) for doc in dataset.corpus.values()]
+    """Each BEIR record a document of one chunk whose id is the record's: streamed from the file
+    when the dataset's corpus is, else made from the documents it holds."""
+    if isinstance(dataset.corpus, StreamedCorpus):
+        documents: Sequence[dict] = BeirDocuments(dataset.corpus)
+    else:
+        documents = [beir_document(doc) for doc in dataset.corpus.values()]
     return Corpus(dataset.root, documents, fingerprint(dataset.root), dataset, files=1)
 
 

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,17 +37,18 @@ class Part:
     rows: range  # their chunks' rows (the store's rows and the dense index's ids)
 
 
-def plan_parts(docs: list[dict], size: int) -> list[Part]:
-    """Whole documents in order, a new part once the current one holds ``size`` chunks."""
+def plan_parts(chunk_counts: Sequence[int], size: int) -> list[Part]:
+    """Whole documents in order (``chunk_counts``: each one's chunks), a new part once the current
+    one holds ``size`` chunks."""
     parts: list[Part] = []
     first_doc = first_row = row = 0
-    for i, doc in enumerate(docs):
-        row += len(doc["chunks"])
+    for i, count in enumerate(chunk_counts):
+        row += count
         if row - first_row >= size:
             parts.append(Part(len(parts), slice(first_doc, i + 1), range(first_row, row)))
             first_doc, first_row = i + 1, row
-    if first_doc < len(docs) or not parts:
-        parts.append(Part(len(parts), slice(first_doc, len(docs)), range(first_row, row)))
+    if first_doc < len(chunk_counts) or not parts:
+        parts.append(Part(len(parts), slice(first_doc, len(chunk_counts)), range(first_row, row)))
     return parts
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from engine.text import chunk_text
 
 
@@ -41,10 +43,60 @@ def beir_document(doc: Document) -> dict:
 Qrels = dict[str, dict[str, int]]
 
 
+class StreamedCorpus(Mapping[str, Document]):
+    """``corpus.jsonl`` read once, checked as :func:`read_jsonl` checks it, keeping only each record's
+    id and where its line starts; a document is read from the file when asked for. A million
+    passages then cost their ids, not their texts, and a build reads them a part at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        ids: list[str] = []
+        starts: list[int] = []
+        for start, obj in read_jsonl_at(self.path, what="document"):
+            ids.append(obj["_id"])
+            starts.append(start)
+        self.ids = ids
+        self._row = {doc_id: row for row, doc_id in enumerate(ids)}
+        self._starts = np.asarray(starts, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ids)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._row
+
+    def __getitem__(self, doc_id: str) -> Document:
+        return self.rows(self._row[doc_id], self._row[doc_id] + 1)[0]
+
+    def rows(self, start: int, stop: int) -> list[Document]:
+        """The documents of rows ``start`` to ``stop`` (file order), read in one pass over their lines."""
+        found: list[Document] = []
+        if start >= stop:
+            return found
+        with open(self.path, "rb") as fh:
+            fh.seek(int(self._starts[start]))
+            while len(found) < stop - start:
+                line = fh.readline()
+                if line.strip():
+                    found.append(_document(json.loads(line)))
+        return found
+
+    def values(self) -> Iterator[Document]:  # type: ignore[override]  # streamed, in file order
+        for _, obj in read_jsonl_at(self.path, what="document"):
+            yield _document(obj)
+
+
+def _document(obj: dict) -> Document:
+    return Document(obj["_id"], obj.get("title") or "", obj["text"])
+
+
 @dataclass
 class Dataset:
     root: Path
-    corpus: dict[str, Document]
+    corpus: Mapping[str, Document]  # a dict, or a StreamedCorpus (load_dataset's ``stream``)
     queries: dict[str, str]
     _qrels: dict[str, Qrels] = field(default_factory=dict, repr=False)
 
@@ -73,15 +125,14 @@ class Dataset:
         return {qid: text for qid, text in self.queries.items() if qid in judged}
 
 
-def load_dataset(root: str | Path) -> Dataset:
-    """Read and validate a BEIR folder; judgments are read lazily per split."""
+def load_dataset(root: str | Path, stream: bool = False) -> Dataset:
+    """Read and validate a BEIR folder; judgments are read lazily per split. ``stream``: the corpus
+    as a :class:`StreamedCorpus` (documents read from the file when asked for), not held whole."""
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"{root}: dataset folder not found")
-    corpus = {
-        obj["_id"]: Document(obj["_id"], obj.get("title") or "", obj["text"])
-        for obj in read_jsonl(root / "corpus.jsonl", what="document")
-    }
+    path = root / "corpus.jsonl"
+    corpus = StreamedCorpus(path) if stream else {obj["_id"]: _document(obj) for obj in read_jsonl(path, "document")}
     queries = {obj["_id"]: obj["text"] for obj in read_jsonl(root / "queries.jsonl", what="query")}
     return Dataset(root, corpus, queries)
 
@@ -98,11 +149,23 @@ def fingerprint(root: str | Path) -> str:
 def read_jsonl(path: Path, what: str) -> Iterator[dict]:
     """Records of a BEIR JSONL file, each an object with a unique ``_id`` and some text; a
     DatasetError names the file and line of the first that is not."""
+    for _, obj in read_jsonl_at(path, what):
+        yield obj
+
+
+def read_jsonl_at(path: Path, what: str) -> Iterator[tuple[int, dict]]:
+    """:func:`read_jsonl`'s records, each with the byte offset its line starts at."""
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
     seen: set[str] = set()
-    with open(path, encoding="utf-8", newline=None) as fh:
-        for lineno, line in enumerate(fh, start=1):
+    start = 0
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            at, start = start, start + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: not UTF-8 ({exc.reason})") from None
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -121,7 +184,7 @@ def read_jsonl(path: Path, what: str) -> Iterator[dict]:
             text = obj.get("text")
             if not isinstance(text, str) or not (text.strip() or str(obj.get("title") or "").strip()):
                 raise DatasetError(f"{where}: {what} {doc_id!r} has empty text")
-            yield obj
+            yield at, obj
     if not seen:
         raise DatasetError(f"{path}: no {what} found")
 

@@ -70,3 +70,21 @@ def test_missing_things_are_named(tmp_path, beir_dir):
         load_dataset(tmp_path / "empty")
     with pytest.raises(DatasetError, match=r"no judgments for split 'test' \(present: dev, train\)"):
         load_dataset(beir_dir).qrels("test")
+
+
+def test_a_streamed_corpus_reads_the_same_documents_from_the_file(beir_dir):
+    held, streamed = load_dataset(beir_dir), load_dataset(beir_dir, stream=True)
+    assert list(streamed.corpus) == list(held.corpus) and len(streamed.corpus) == len(held.corpus)
+    assert list(streamed.corpus.values()) == list(held.corpus.values())  # CRLF lines and missing titles alike
+    assert streamed.corpus["D-soy-3"] == held.corpus["D-soy-3"] and "D-nothing" not in streamed.corpus
+    assert streamed.corpus.rows(5, 9) == list(held.corpus.values())[5:9] and streamed.corpus.rows(3, 3) == []
+    assert streamed.qrels("dev") == held.qrels("dev")  # judgments checked against the ids alone
+
+
+def test_a_streamed_corpus_refuses_what_a_held_one_does(tmp_path):
+    root = _broken(tmp_path, "corpus.jsonl", json.dumps({"_id": "D-soy-0", "text": "again"}) + "\n")
+    with pytest.raises(DatasetError, match=r"corpus.jsonl:\d+: duplicate document id 'D-soy-0'"):
+        load_dataset(root, stream=True)
+    (root / "corpus.jsonl").write_bytes(b'{"_id": "D-x", "text": "caf\xe9"}\n')
+    with pytest.raises(DatasetError, match=r"corpus.jsonl:1: not UTF-8"):
+        load_dataset(root, stream=True)

