@@ -63,6 +63,19 @@ def problems(exc: ValidationError, whole: str = "body") -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
 
 
+def checked_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A document's metadata as filters read it: flat scalars, ``date`` an ISO date (normalised),
+    ``document_type`` a string; a ValueError names the first key that is not."""
+    for key, value in metadata.items():
+        if not isinstance(value, Scalar | None):
+            raise ValueError(f"metadata.{key} must be a string, number, boolean or null")
+    if metadata.get(DATE) is not None:
+        metadata[DATE] = _iso_date(metadata[DATE], f"metadata.{DATE}").isoformat()
+    if metadata.get(DOCUMENT_TYPE) is not None and not isinstance(metadata[DOCUMENT_TYPE], str):
+        raise ValueError(f"metadata.{DOCUMENT_TYPE} must be a string")
+    return metadata
+
+
 def unit_id(document_id: str, chunk_id: str) -> str:
     """The id a retriever ranks: the document id for a one-chunk BEIR record, else both ids."""
     return document_id if chunk_id == document_id else f"{document_id}#{chunk_id}"
@@ -91,11 +104,7 @@ class DocumentIn(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _reserved_keys(cls, metadata: dict[str, Any]) -> dict[str, Any]:
-        if metadata.get(DATE) is not None:
-            metadata[DATE] = _iso_date(metadata[DATE], f"metadata.{DATE}").isoformat()
-        if metadata.get(DOCUMENT_TYPE) is not None and not isinstance(metadata[DOCUMENT_TYPE], str):
-            raise ValueError(f"metadata.{DOCUMENT_TYPE} must be a string")
-        return metadata
+        return checked_metadata(metadata)
 
     @model_validator(mode="after")
     def _whole(self) -> DocumentIn:

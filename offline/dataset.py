@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.documents import checked_metadata
 from engine.text import chunk_text
 
 
@@ -27,6 +28,7 @@ class Document:
     doc_id: str
     title: str
     text: str
+    metadata: dict = field(default_factory=dict, compare=False)  # a record's own "metadata" object, if any
 
     @property
     def contents(self) -> str:
@@ -37,7 +39,7 @@ class Document:
 def beir_document(doc: Document) -> dict:
     """A BEIR record as the document store holds documents: one chunk, whose id is the record's."""
     chunk = {"chunk_id": doc.doc_id, "title": doc.title, "content": doc.text, "metadata": {}}
-    return {"document_id": doc.doc_id, "document_name": doc.title, "metadata": {}, "chunks": [chunk]}
+    return {"document_id": doc.doc_id, "document_name": doc.title, "metadata": doc.metadata, "chunks": [chunk]}
 
 
 Qrels = dict[str, dict[str, int]]
@@ -90,7 +92,7 @@ class StreamedCorpus(Mapping[str, Document]):
 
 
 def _document(obj: dict) -> Document:
-    return Document(obj["_id"], obj.get("title") or "", obj["text"])
+    return Document(obj["_id"], obj.get("title") or "", obj["text"], checked_metadata(obj.get("metadata") or {}))
 
 
 @dataclass
@@ -184,6 +186,13 @@ def read_jsonl_at(path: Path, what: str) -> Iterator[tuple[int, dict]]:
             text = obj.get("text")
             if not isinstance(text, str) or not (text.strip() or str(obj.get("title") or "").strip()):
                 raise DatasetError(f"{where}: {what} {doc_id!r} has empty text")
+            metadata = obj.get("metadata") or {}  # BEIR's optional per-record object, as filters read it
+            if not isinstance(metadata, dict):
+                raise DatasetError(f"{where}: {what} {doc_id!r} has metadata that is not an object")
+            try:
+                checked_metadata(metadata)
+            except ValueError as exc:
+                raise DatasetError(f"{where}: {what} {doc_id!r}: {exc}") from None
             yield at, obj
     if not seen:
         raise DatasetError(f"{path}: no {what} found")

@@ -74,6 +74,7 @@ def test_a_torn_tail_is_cut_and_whole_records_survive(tmp_path, caplog):
 def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
     from engine.documents import DocumentIn, Filters
     from engine.search import HybridEngine
+    from engine.store.docstore import matching_sql
 
     engine = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), writable=True)
     try:
@@ -88,6 +89,13 @@ def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
         by_id = engine.search("kiwi orchard", 8, Filters(document_ids=["n1", "n2"]))
         assert {h.document_id for h in by_id} == {"n1", "n2"} and len(by_id) == 4
         assert engine.search("kiwi orchard", 5, Filters(document_types=["none-such"])) == []
+        rare = Filters(document_types=["rare"])
+        assert engine.allowed(rare) is engine.allowed(rare)  # a repeated filter's chunks are kept...
+        engine.live.upsert(DocumentIn.model_validate(_doc("n99", "kiwi orchard pruning note 99", document_type="rare")))
+        engine.live.refresh()  # ...until the store changes
+        assert "n99" in {h.document_id for h in engine.search("kiwi orchard pruning", 10, rare)}
+        plans = [engine.store.plan(*matching_sql(f)) for f in (rare, Filters(date_range=["2024-01-01", None]))]
+        assert [any("USING INDEX documents_by_" in step for step in plan) for plan in plans] == [True, True]
 
         engine.live.delete("n1", wait=True)
         for query in ("kiwi orchard pruning note 1", "vitamin D supplements bone density falls"):

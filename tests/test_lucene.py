@@ -55,6 +55,17 @@ def test_ties_are_broken_by_id_and_a_filter_keeps_the_ranking(index):
     assert index.search("common beta", 5, set()) == []
 
 
+def test_a_wide_filter_read_off_the_ranking_finds_what_the_filtered_query_does(index):
+    queries = ("common beta", "alpha7 alpha12 beta", "gen0 alpha3")
+    allowed_sets = [{f"d-{i:02d}" for i in range(UNITS) if i % m == r} for m, r in ((2, 0), (3, 1), (13, 5))]
+    as_terms = {(q, i): index.search(q, 6, allowed) for q in queries for i, allowed in enumerate(allowed_sets)}
+    index.filter_terms = 0  # every filter is wide now: read off the unfiltered ranking
+    for depth in (20_000, 6):  # deep enough, then so shallow that it falls back to the terms
+        index.filter_depth = depth
+        for (query, i), expected in as_terms.items():
+            assert index.search(query, 6, allowed_sets[i]) == expected, (query, i, depth)
+
+
 def test_filtered_searches_side_by_side_keep_their_own_filters(index):
     """Each thread's filter is its own (pyjnius once let threads swap the objects they called)."""
     expected = {r: index.search("common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) for r in range(4)}

@@ -7,7 +7,7 @@ sub-linear search on larger ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -188,7 +188,9 @@ class DenseRetriever:
         """The query's (1, dim) embedding."""
         return self.query_encoder(query)
 
-    def search(self, vector: np.ndarray, k: int, allowed_rows: list[int] | None = None) -> list[tuple[str, float]]:
+    def search(
+        self, vector: np.ndarray, k: int, allowed_rows: Sequence[int] | np.ndarray | None = None
+    ) -> list[tuple[str, float]]:
         """Top ``k`` (unit id, cosine similarity) for an encoded query, best first; ``allowed_rows``
         restricts the search itself (a FAISS id selector), so a narrow filter still fills ``k``."""
         import faiss
@@ -197,7 +199,7 @@ class DenseRetriever:
             if not self.units:  # an empty index (`init`): FAISS refuses k = 0
                 return []
             scores, rows = self._fast.search(vector, min(k, len(self.units)))
-        elif not allowed_rows:
+        elif len(allowed_rows) == 0:
             return []
         elif self._ivf is not None:
             return self._search_ivf_within(vector, k, allowed_rows)
@@ -206,13 +208,15 @@ class DenseRetriever:
             scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
         return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
 
-    def _search_ivf_within(self, vector: np.ndarray, k: int, allowed_rows: list[int]) -> list[tuple[str, float]]:
+    def _search_ivf_within(
+        self, vector: np.ndarray, k: int, allowed_rows: Sequence[int] | np.ndarray
+    ) -> list[tuple[str, float]]:
         """An inverted file probes a few lists, and a filter's rows are mostly in others: a few rows
         are scored exactly (read back by row), many are searched with the probes widened in
         proportion to how much of the index they leave out."""
         import faiss
 
-        ids = np.asarray([r for r in allowed_rows if r in self.units], dtype=np.int64)
+        ids = np.asarray([r for r in np.asarray(allowed_rows).tolist() if r in self.units], dtype=np.int64)
         if not len(ids):
             return []
         if len(ids) <= EXACT_WITHIN:

@@ -36,6 +36,8 @@ SEQ_KEY = "seq"  # commit user data: the last write-ahead-log record this commit
 _ID_TERMS = 1 << 16  # unit ids kept as Java BytesRefs for filters: a pyjnius constructor costs ~10 us
 _SEARCH = ".IndexSearcher.search(org.apache.lucene.search.Query,int,org.apache.lucene.search.Sort,boolean)"
 _TERM_SET = "(Ljava/lang/String;[Lorg/apache/lucene/util/BytesRef;)V"
+FILTER_TERMS = 1_000  # allowed ids past this are read off the ranking, not sent to Lucene a term each
+FILTER_DEPTH = 20_000  # how far down the unfiltered ranking a wide filter is looked for
 _calls = threading.Lock()  # instance calls on objects that are not one of a kind (module docstring)
 
 
@@ -135,6 +137,9 @@ class LuceneIndex:
     run side by side, also while a refresh swaps the reader; ``close`` waits for those in flight.
     """
 
+    filter_terms = FILTER_TERMS
+    filter_depth = FILTER_DEPTH
+
     def __init__(
         self, path: str | Path, k1: float = 0.9, b: float = 0.4, writable: bool = False, create: bool = False
     ) -> None:
@@ -206,18 +211,39 @@ class LuceneIndex:
             view.reader.decRef()
 
     def search(self, query: str, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
-        """Top ``k`` (unit id, BM25 score), best first, ties by id; ``allowed`` (unit ids) filters
-        inside Lucene."""
+        """Top ``k`` (unit id, BM25 score), best first, ties by id; ``allowed`` (unit ids): only
+        those. A few ids filter inside Lucene (a term each); many are read off the unfiltered
+        ranking, further down until ``k`` of them are found (:meth:`_ranked_within`)."""
         if allowed is not None and not allowed:
             return []
         j = self.j
         bag = j.generator.buildQuery("contents", j.analyzer, query)
-        if allowed is not None:
-            bag = self._filtered(bag, allowed)
+        if allowed is not None and len(allowed) > self.filter_terms:
+            return self._ranked_within(bag, k, allowed)
+        return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k)
+
+    def _top(self, query, k: int) -> list[tuple[str, float]]:
+        j = self.j
         with self._pinned() as view:
-            top = j.search_handle.invokeWithArguments(view.searcher, bag, j.Integer(int(k)), j.sort, j.with_scores)
+            top = j.search_handle.invokeWithArguments(view.searcher, query, j.Integer(int(k)), j.sort, j.with_scores)
             hits = j.ScoredDocs.fromTopDocs(top, view.searcher)  # each hit's stored id, read in Java
             return list(zip(hits.docids, hits.scores, strict=True))
+
+    def _ranked_within(self, bag, k: int, allowed: Collection[str]) -> list[tuple[str, float]]:
+        """A wide filter's top ``k``: a filter adds nothing to a score, so the filtered ranking is
+        the unfiltered one with the others left out. It is read to a depth that should hold ``k``
+        allowed hits at the filter's share of the index, four times deeper while it does not, and
+        past ``filter_depth`` (a query whose best hits the filter avoids) the ids go to Lucene."""
+        share, deepest = len(allowed) / max(self.documents, 1), self.filter_depth
+        depth = min(deepest, max(k, int(2 * k / max(share, 1e-9))))
+        while True:
+            hits = self._top(bag, depth)
+            kept = [hit for hit in hits if hit[0] in allowed]
+            if len(kept) >= k or len(hits) < depth:
+                return kept[:k]
+            if depth >= deepest:
+                return self._top(self._filtered(bag, allowed), k)
+            depth = min(deepest, depth * 4)
 
     def _filtered(self, bag, allowed: Collection[str]):
         """``bag`` restricted to ``allowed``: one Java call for the id set, its BytesRefs cached."""

@@ -29,6 +29,7 @@ from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_enco
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
 from engine.search import stages
+from engine.search.allowed import AllowedSets
 from engine.search.results import AS_LOADED, Hit, Ranking, SearchOptions, StageResult, make_hits
 from engine.settings import EngineSettings
 from engine.store.docstore import Chunk, DocStore
@@ -81,6 +82,7 @@ class HybridEngine:
         writer_lock = claim_writer(index_dir) if writable else None
         self.device = pick_device(settings.device)
         self.store = DocStore(index_dir / DOCS_FILE)
+        self.allowed = AllowedSets(self.store)  # a filter's chunks, kept per store version
         self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
         self.retrieval_device = retrieval_device = (
             self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)

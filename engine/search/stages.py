@@ -47,13 +47,12 @@ def run_stages(
     vector = engine.dense.encode_query(query)  # before the view lock: a refresh never waits on the encoder
     watch.lap("encode")
     with engine.view_lock.reading():
-        allowed = engine.store.matching(filters) if filters is not None and not filters.empty else None
+        allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
         live = allowed if allowed is not None else engine.dense.rows
         # only chunks the store holds: Lucene's view lags the others when its refresh failed (a full disk)
         bm25 = [hit for hit in engine.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
         watch.lap("bm25")
-        rows = list(allowed.values()) if allowed is not None else None
-        dense = engine.dense.search(vector, max(s.dense_depth, top_k), rows)
+        dense = engine.dense.search(vector, max(s.dense_depth, top_k), allowed.rows if allowed is not None else None)
         watch.lap("dense")
         memory = engine.memory.search(vector, s.memory_depth, exclude, live) if engine.memory else []
         watch.lap("memory")

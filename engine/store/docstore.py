@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     position INTEGER NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL, metadata TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(document_id);
+CREATE INDEX IF NOT EXISTS documents_by_type ON documents(json_extract(metadata, '$.document_type'));
+CREATE INDEX IF NOT EXISTS documents_by_date ON documents(json_extract(metadata, '$.date'));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS passage_tokens (
     row INTEGER PRIMARY KEY, ids BLOB NOT NULL, width INTEGER NOT NULL, total INTEGER NOT NULL, overrun INTEGER NOT NULL
@@ -152,32 +154,11 @@ class DocStore:
 
     def matching(self, filters: Filters) -> dict[str, int]:
         """unit id -> row of every chunk the filters allow."""
-        where, args = [], []
-        if filters.document_types:
-            where.append(
-                f"json_extract(d.metadata, '$.{DOCUMENT_TYPE}') IN ({','.join('?' * len(filters.document_types))})"
-            )
-            args += filters.document_types
-        if filters.date_range:
-            start, end = filters.date_range
-            where.append(f"json_extract(d.metadata, '$.{DATE}') IS NOT NULL")
-            if start:
-                where.append(f"json_extract(d.metadata, '$.{DATE}') >= ?")
-                args.append(start.isoformat())
-            if end:
-                where.append(f"json_extract(d.metadata, '$.{DATE}') <= ?")
-                args.append(end.isoformat())
-        if filters.document_ids:
-            where.append(f"c.document_id IN ({','.join('?' * len(filters.document_ids))})")
-            args += filters.document_ids
-        for key, value in filters.equalities.items():
-            path = "$." + json.dumps(key)
-            where.append("coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ?")
-            args += [path, path, value]
-        query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
-        if where:
-            query += " WHERE " + " AND ".join(where)
-        return dict(self._conn().execute(query, args))
+        return dict(self._conn().execute(*matching_sql(filters)))
+
+    def plan(self, query: str, args: Sequence) -> list[str]:
+        """SQLite's plan for ``query``: how it finds the rows (an index, or a scan of a table)."""
+        return [detail for *_, detail in self._conn().execute(f"EXPLAIN QUERY PLAN {query}", args)]
 
     def meta(self, key: str, default: int = 0) -> int:
         found = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -231,6 +212,39 @@ _CHUNK_SELECT = (
     " t.ids, t.width, t.total, t.overrun"
     " FROM chunks c JOIN documents d USING (document_id) LEFT JOIN passage_tokens t ON t.row = c.row"
 )
+
+
+def matching_sql(filters: Filters) -> tuple[str, list]:
+    """The query for :meth:`DocStore.matching`: document type and date through their expression
+    indexes (``documents_by_type``, ``documents_by_date``), a document's chunks through
+    ``chunks_by_document``; other metadata keys are read from every row."""
+    where: list[str] = []
+    args: list = []
+    if filters.document_types:
+        where.append(
+            f"json_extract(d.metadata, '$.{DOCUMENT_TYPE}') IN ({','.join('?' * len(filters.document_types))})"
+        )
+        args += filters.document_types
+    if filters.date_range:
+        start, end = filters.date_range
+        where.append(f"json_extract(d.metadata, '$.{DATE}') IS NOT NULL")
+        if start:
+            where.append(f"json_extract(d.metadata, '$.{DATE}') >= ?")
+            args.append(start.isoformat())
+        if end:
+            where.append(f"json_extract(d.metadata, '$.{DATE}') <= ?")
+            args.append(end.isoformat())
+    if filters.document_ids:
+        where.append(f"c.document_id IN ({','.join('?' * len(filters.document_ids))})")
+        args += filters.document_ids
+    for key, value in filters.equalities.items():
+        path = "$." + json.dumps(key)
+        where.append("coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ?")
+        args += [path, path, value]
+    query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
+    if where:
+        query += " WHERE " + " AND ".join(where)
+    return query, args
 
 
 def _chunk(record: tuple) -> Chunk:
