@@ -154,6 +154,11 @@ class EngineSettings(BaseModel):
     checkpoint_bytes: int = Field(
         64 << 20, ge=0, description="write-ahead log bytes that trigger a checkpoint (0: after every refresh)"
     )
+    followed: bool = Field(
+        False,
+        description="other processes follow this writer (set by serve --workers and --ray, not a flag): each"
+        " refresh that applied writes commits Lucene and publishes its position for them",
+    )
 
     def rerank_depth_for(self, device: str) -> int:
         """On a CPU the cross-encoder is the cost: the top 20 at 96 tokens (the README's CPU table)

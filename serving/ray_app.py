@@ -74,12 +74,12 @@ class RerankerReplica:
 
 @serve.deployment(name="writer", num_replicas=1)
 class WriterReplica:
-    """The index's one writer: takes every replica's writes and checkpoints after each refresh that
-    applied some, which is what the search replicas follow (:mod:`engine.live.follower`)."""
+    """The index's one writer: takes every replica's writes and publishes each refresh that applied
+    some, which is what the search replicas follow (:mod:`engine.live.follower`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.engine = HybridEngine(
-            settings.engine.model_copy(update={"rerank": False, "checkpoint_bytes": 0}), writable=True
+            settings.engine.model_copy(update={"rerank": False, "followed": True}), writable=True
         )
 
     def upsert(self, document: dict, wait: bool) -> dict:

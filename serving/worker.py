@@ -118,8 +118,8 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) ->
     threading.Thread(target=_stop_with_supervisor, name="supervisor-watch", daemon=True).start()
     try:
         tls = tls_options(settings)
-        if seat.role == "writer":  # followers show checkpoints: one after every refresh that applied writes
-            settings = settings.with_values(checkpoint_bytes=0)
+        if seat.role == "writer":  # the followers show what it publishes after every refresh that applied writes
+            settings = settings.with_values(followed=True)
         engine_door = "mcp" in door_ports(settings, doors.mcp, doors.a2a, doors.mcp_url)  # REST, beside the engine
         service = WorkerService(settings, seat) if engine_door else None
         tasks = _tasks(settings, seat) if service and doors.a2a else None

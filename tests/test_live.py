@@ -406,3 +406,30 @@ def test_a_follower_answers_whole_when_the_store_moved_ahead_of_its_view(live_di
     finally:
         writer.close()
         follower.close()
+
+
+def test_a_follower_shows_each_published_write_from_the_log_not_a_rewritten_index(live_dir):
+    """``serve --workers N``: a refresh writes Lucene's changes and a few bytes for the followers,
+    never the dense index again; a follower applies the log's records since its position."""
+    from engine.documents import DocumentIn
+    from engine.search import HybridEngine
+
+    writer = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False, followed=True), writable=True)
+    follower = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), follow=writer.live)
+    try:
+        dense_files = sorted(live_dir.glob("dense*.faiss"))
+        writer.live.upsert(DocumentIn.model_validate(_doc("f1", "quokka marsupial diet")), wait=True)
+        assert follower.search("quokka marsupial diet", 1)[0].document_id == "f1"  # acknowledged: shown at once
+        writer.live.upsert(DocumentIn.model_validate(_doc("f1", "wombat burrow digging")), wait=True)
+        assert follower.search("wombat burrow digging", 1)[0].document_id == "f1"
+        assert all(h.document_id != "f1" for h in follower.search("quokka marsupial diet", 5))  # replaced whole
+        assert sorted(live_dir.glob("dense*.faiss")) == dense_files  # no dense index written for them
+        assert follower.follower.status()["applied_from_log"] == 2
+
+        writer.live.checkpoint()  # the log emptied: what follows is read from its start again
+        writer.live.delete("f1", wait=True)
+        assert all(h.document_id != "f1" for h in follower.search("wombat burrow digging", 5))
+        assert follower.follower.status()["write"] == writer.live.seq
+    finally:
+        writer.close()
+        follower.close()

@@ -1,17 +1,19 @@
-"""A read-only engine that follows the index directory's writer in another process (a Ray search
-replica beside the writer replica).
+"""A read-only engine that follows the index directory's writer in another process (``serve
+--workers N``'s other workers, Ray's search replicas).
 
-The writer checkpoints after every refresh that applied writes (Lucene commit, then
-``dense-<seq>.faiss``); before each search the follower lists the directory, and when a newer
-checkpoint is there it reopens Lucene's reader and loads that dense file, under the view lock. So a
-search on any follower sees every write checkpointed before it began: a write acknowledged with
-``wait`` is visible everywhere at once, any other within the writer's refresh interval.
+After each refresh that applied writes the writer commits Lucene (the changes since its last
+commit) and announces the position in the ``published`` file (:func:`~engine.store.index_dir.publish`).
+A follower reads that file, a few bytes, before each search and every ``POLL_S`` on a thread of
+its own; when it is behind it reopens Lucene's reader and applies the write-ahead log's records
+since its position to its dense index (:class:`~engine.store.wal.LogTail`): the cost of catching
+up is the writes since, not the index. Only when the writer has checkpointed past it (the log
+emptied, a new ``dense-<seq>.faiss``) does it read the dense index whole. A write acknowledged
+with ``wait`` is visible on every follower from the next search on.
 
-The SQLite store is shared and runs ahead of a checkpoint by the writes applied since. A follower
-therefore drops the dense rows the store no longer names (documents deleted or replaced after the
-checkpoint), BM25 hits count only where a dense row names them, and the engine skips a candidate
-whose text has gone: a document replaced a moment ago may be missing from one answer, never shown
-half old and half new.
+The SQLite store is shared and runs ahead of the position by the writes applied since. A follower
+therefore drops the dense rows the store no longer names when it reads a checkpoint, BM25 hits
+count only where a dense row names them, and the engine skips a candidate whose text has gone: a
+document replaced a moment ago may be missing from one answer, never shown half old and half new.
 """
 
 from __future__ import annotations
@@ -19,47 +21,92 @@ from __future__ import annotations
 import logging
 import threading
 
+from engine.live.writer import apply_dense
 from engine.retrieval.dense import DenseRetriever
-from engine.store.index_dir import latest_dense
+from engine.store.index_dir import WAL_FILE, latest_dense, published
+from engine.store.wal import LogTail
 
 log = logging.getLogger(__name__)
+POLL_S = 0.05  # how often the follower's own thread looks for a newer position
 
 
 class Follower:
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.seq = -1
+        self.index_dir = engine.settings.index_dir
+        self.seq = -1  # the last write this engine shows
+        self.checkpoint = -1  # the dense checkpoint it read whole
+        self.applied = 0  # writes applied from the log since
+        self._log = LogTail(self.index_dir / WAL_FILE)
         self._lock = threading.Lock()
-        if not self.catch_up():
-            raise RuntimeError(f"{engine.settings.index_dir}: no dense checkpoint could be read")
+        self._stop = threading.Event()
+        if not self._read_checkpoint():
+            raise RuntimeError(f"{self.index_dir}: no dense checkpoint could be read")
+        self.catch_up()
+        self._thread = threading.Thread(target=self._poll, name="follow-writer", daemon=True)
+        self._thread.start()
 
     def catch_up(self) -> bool:
-        """Show the newest checkpoint when this engine is behind it (one directory listing when not);
-        False when it is current, or the file went away mid-read (the next search tries again)."""
-        path, seq = latest_dense(self.engine.settings.index_dir)
-        if seq == self.seq:
+        """Show every write the writer has published (one small file read when current); False when
+        there was nothing to show or it could not be shown yet (the next call tries again)."""
+        target = published(self.index_dir)
+        if target <= self.seq:
             return False
         with self._lock:
-            if seq == self.seq:  # another search caught up while this one waited
+            if target <= self.seq:  # another thread caught up while this one waited
                 return False
+            if latest_dense(self.index_dir)[1] > self.seq and not self._read_checkpoint():
+                return False
+            records = self._log.between(self.seq, target)
+            if target > self.seq + len(records):  # the log was emptied meanwhile: a newer checkpoint has them
+                return self._read_checkpoint()
             engine = self.engine
-            try:
-                dense = DenseRetriever(
-                    path, engine.dense.encoder, engine.dense.query_encoder, engine.settings.hnsw_ef_search, "cpu", True
-                )
-            except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
-                log.debug("checkpoint %s went away (%s); next search catches up", path.name, exc)
-                return False
-            units = engine.store.unit_ids_by_row()
-            held = dense.row_ids()
-            dense.remove([row for row in held if row not in units])
-            dense.bind({row: units[row] for row in held if row in units})
             with engine.view_lock.writing():
                 engine.bm25.refresh()
-                engine.dense = dense
-            self.seq = seq
-        log.info("following: now at checkpoint %d (%d chunks)", seq, len(dense.units))
+                for record in records:
+                    apply_dense(engine.dense, record)
+            self.seq, self.applied = target, self.applied + len(records)
+        log.debug("following: now at write %d (%d from the log)", target, len(records))
         return True
 
+    def _read_checkpoint(self) -> bool:
+        """The newest dense checkpoint read whole, its rows named by the store (which may be ahead of
+        it: rows it no longer names are dropped)."""
+        path, seq = latest_dense(self.index_dir)
+        engine = self.engine
+        try:
+            dense = DenseRetriever(
+                path, engine.dense.encoder, engine.dense.query_encoder, engine.settings.hnsw_ef_search, "cpu", True
+            )
+        except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
+            log.debug("checkpoint %s went away (%s); the next search catches up", path.name, exc)
+            return False
+        units = engine.store.unit_ids_by_row()
+        held = dense.row_ids()
+        dense.remove([row for row in held if row not in units])
+        dense.bind({row: units[row] for row in held if row in units})
+        with engine.view_lock.writing():
+            engine.bm25.refresh()
+            engine.dense = dense
+        self.seq = self.checkpoint = seq
+        log.info("following: read checkpoint %d (%d chunks)", seq, len(dense.units))
+        return True
+
+    def _poll(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.catch_up()
+            except Exception:  # a search catches up (and says why) when this thread cannot
+                log.debug("following the writer failed; the next search tries again", exc_info=True)
+
     def status(self) -> dict:
-        return {"following": "checkpoints of the index's writer", "checkpoint": self.seq}
+        return {
+            "following": "the writer's published writes",
+            "write": self.seq,
+            "checkpoint": self.checkpoint,
+            "applied_from_log": self.applied,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -37,7 +37,7 @@ import numpy as np
 
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
-from engine.store.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense
+from engine.store.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense, publish
 from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog, fsync_dir
 from engine.text import chunk_text
@@ -121,12 +121,17 @@ class ViewLock:
 class LiveIndex:
     """The writer of one index directory (an exclusive lock file says so to other processes)."""
 
-    def __init__(self, engine, lock, refresh_interval_s: float = 1.0, checkpoint_bytes: int = 64 << 20) -> None:
-        """``lock``: what :func:`claim_writer` returned, taken before any store was opened for writing."""
+    def __init__(
+        self, engine, lock, refresh_interval_s: float = 1.0, checkpoint_bytes: int = 64 << 20, followed: bool = False
+    ) -> None:
+        """``lock``: what :func:`claim_writer` returned, taken before any store was opened for writing.
+        ``followed``: other processes show this index (:mod:`engine.live.follower`): each refresh that
+        applied writes commits Lucene and publishes its position for them."""
         self.engine = engine
         self.index_dir = Path(engine.settings.index_dir)
         self.refresh_interval_s = refresh_interval_s
         self.checkpoint_bytes = checkpoint_bytes
+        self.followed = followed
         self._lock_fh = lock
         self._write = threading.Lock()
         self._pending: list[dict] = []
@@ -138,6 +143,8 @@ class LiveIndex:
         self.refresh_error: str | None = None
         self.recovery: dict = {}
         self._recover()
+        if followed:  # the followers start from what this start recovered
+            self._publish()
         self.next_row = max(self.engine.store.meta("next_row"), max(self.engine.dense.units, default=-1) + 1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresher, name="live-refresh", daemon=True)
@@ -241,6 +248,8 @@ class LiveIndex:
             with self._write:
                 applied = self._apply_pending()
                 big = self.wal.size > self.checkpoint_bytes
+                if applied and self.followed and not big:
+                    self._publish()
             if big:
                 self.checkpoint()
         except Exception as exc:
@@ -294,13 +303,7 @@ class LiveIndex:
             store.delete_document(record["document_id"], record["seq"])
 
     def _apply_dense(self, record: dict) -> None:
-        dense = self.engine.dense
-        dense.remove(record["old_rows"])
-        if record["op"] == "upsert":
-            doc = record["document"]
-            vectors = np.frombuffer(base64.b64decode(record["vectors"]), dtype="<f4").reshape(len(record["rows"]), -1)
-            units = [unit_id(doc["document_id"], c["chunk_id"]) for c in doc["chunks"]]
-            dense.add(record["rows"], vectors, units)
+        apply_dense(self.engine.dense, record)
 
     def _apply_lucene(self, record: dict) -> None:
         bm25 = self.engine.bm25
@@ -312,6 +315,13 @@ class LiveIndex:
             (unit_id(doc["document_id"], c["chunk_id"]), chunk_text(c["title"], c["content"])) for c in doc["chunks"]
         ]
         bm25.replace(doc["document_id"], units)
+
+    def _publish(self) -> None:
+        """What followers need to show every applied write: Lucene committed (its changes since the
+        last commit, fsynced), then the position announced; they read the dense rows from the log."""
+        seq = self.applied["lucene"]
+        self.engine.bm25.commit(seq)
+        publish(self.index_dir, seq)
 
     def checkpoint(self) -> dict:
         """Make every store durable on its own and empty the log (``hybrid-search compact``)."""
@@ -340,6 +350,8 @@ class LiveIndex:
             engine.store.checkpoint()
             logged = self.wal.size
             self.wal.reset()
+            if self.followed:
+                publish(self.index_dir, seq)
         return {"seq": seq, "log_bytes": logged, "applied": applied, "seconds": round(time.perf_counter() - started, 3)}
 
     def _refresher(self) -> None:
@@ -374,6 +386,17 @@ class LiveIndex:
             log.error("checkpoint at close failed (%s); the next start replays the log", _brief(exc))
         self.wal.close()
         self._lock_fh.close()
+
+
+def apply_dense(dense, record: dict) -> None:
+    """One logged write on a dense index: the rows it replaces dropped (those still held: a
+    follower may have dropped them already), its new rows added. The writer's and every follower's."""
+    dense.remove([row for row in record["old_rows"] if row in dense.units])
+    if record["op"] == "upsert":
+        doc = record["document"]
+        vectors = np.frombuffer(base64.b64decode(record["vectors"]), dtype="<f4").reshape(len(record["rows"]), -1)
+        units = [unit_id(doc["document_id"], c["chunk_id"]) for c in doc["chunks"]]
+        dense.add(record["rows"], vectors, units)
 
 
 def _store_tokenizer(engine) -> TextTokenizer | None:

@@ -108,7 +108,9 @@ class HybridEngine:
         self.live: LiveIndex | Writer | None = None
         self.follower: Follower | None = None
         if writable:
-            self.live = LiveIndex(self, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes)
+            self.live = LiveIndex(
+                self, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes, settings.followed
+            )
         elif follow is not None:
             self.live, self.follower = follow, Follower(self)
         else:
@@ -152,6 +154,8 @@ class HybridEngine:
         """Checkpoint live writes (if any) and release the index."""
         if self.live is not None and self.follower is None:  # a follower's writer is another's: it closes itself
             self.live.close()
+        if self.follower is not None:
+            self.follower.close()
         self.bm25.close()
         self.store.close()
 

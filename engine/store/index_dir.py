@@ -14,6 +14,7 @@ is complete.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ ADAPT_DIR = "adapt"  # what `build --adapt` learned from the documents (engine/f
 TOKENS_DIR = "tokens"
 REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside the index they measured
 WAL_FILE = "wal.log"
+PUBLISHED_FILE = "published"  # the last logged write the writer has made visible to other processes
 
 
 # corpora whose wording agents have always been shown: folder name -> (name, one-line description)
@@ -111,3 +113,20 @@ def latest_dense(index_dir: Path) -> tuple[Path, int]:
         seq, path = max(found)
         return path, seq
     return Path(index_dir) / DENSE_FILE, 0
+
+
+def publish(index_dir: Path, seq: int) -> None:
+    """Tell the processes following the writer that every write up to ``seq`` is theirs to show
+    (Lucene holds it committed, the log or a dense checkpoint the rest). Not fsynced: an
+    announcement, rebuilt from the stores after a crash."""
+    tmp = Path(index_dir) / f".{PUBLISHED_FILE}.tmp"
+    tmp.write_text(str(seq))
+    os.replace(tmp, Path(index_dir) / PUBLISHED_FILE)
+
+
+def published(index_dir: Path) -> int:
+    """The last write the writer made visible (-1: none announced yet)."""
+    try:
+        return int((Path(index_dir) / PUBLISHED_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return -1

@@ -7,6 +7,9 @@ was not acknowledged and stays appendable. Reading stops at a torn tail, the one
 mid-append can leave short or unchecked, and truncates the file there; a damaged record with whole
 records after it is not a torn tail but damage, and is refused rather than cut (that would drop
 acknowledged writes).
+
+Other processes read the log without writing it (:class:`LogTail`): from where they stopped, up to
+the last whole record, so that following a writer costs the records since, not the log.
 """
 
 from __future__ import annotations
@@ -132,3 +135,48 @@ def _record_at(raw: bytes, offset: int) -> tuple[dict | None, int]:
         return json.loads(data), end
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None, end
+
+
+class LogTail:
+    """Another process's reading of the log: the records after a position, from the byte offset
+    where the last read stopped. The writer empties the log at each checkpoint, so a read that
+    does not find the next record where it stopped reads the log again from its start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._offset, self._seq = 0, 0  # where the record after seq ``_seq`` begins
+
+    def between(self, seq: int, upto: int) -> list[dict]:
+        """The whole records after ``seq`` up to ``upto``, in order: fewer (or none) when the log no
+        longer holds them (a checkpoint emptied it) or does not hold them yet."""
+        if seq != self._seq:
+            self._offset, self._seq = 0, seq
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size == self._offset or upto <= seq:
+            return []
+        found = self._read(self._offset) if size > self._offset else []
+        if not found or found[0][0]["seq"] != seq + 1:  # emptied since (and written again): from its start
+            found = [(record, end) for record, end in self._read(0) if record["seq"] > seq]
+        found = [(record, end) for record, end in found if record["seq"] <= upto]
+        if found:
+            self._offset, self._seq = found[-1][1], found[-1][0]["seq"]
+        return [record for record, _ in found]
+
+    def _read(self, offset: int) -> list[tuple[dict, int]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(offset)
+                raw = fh.read()
+        except FileNotFoundError:
+            return []
+        found, at = [], 0
+        while at + _HEADER.size <= len(raw):
+            record, end = _record_at(raw, at)
+            if record is None:  # a torn tail, or an append in progress: the next read gets it
+                break
+            found.append((record, offset + end))
+            at = end
+        return found
