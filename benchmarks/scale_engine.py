@@ -6,9 +6,11 @@ abstract, keeps its sentences in a shuffled order and drops a fifth of its words
 source's vocabulary (BM25 finds it) without being judged (it can only push judged documents down).
 Its vector is the source's vector plus Gaussian noise (sigma 0.03 a dimension, cosine ~0.85 to the
 source) and renormalised: near its source in the dense space, as a paraphrase would be, without
-encoding a million texts on a CPU. The real abstracts keep the vectors the index of
-``--index-dir`` holds. The build takes them with ``--vectors``; then the dev table
-(``evaluate --split dev``, no reranker) and one-query-at-a-time latency in process.
+encoding a million texts on a CPU. Every tenth distractor is a ``review`` (its record's
+``metadata.document_type``), the others ``abstract``: a filter on reviews matches ~10% of the
+chunks. The real abstracts keep the vectors the index of ``--index-dir`` holds. The build takes
+them with ``--vectors``; then the dev table (``evaluate --split dev``, no reranker) and
+one-query-at-a-time latency in process, unfiltered and filtered to the reviews.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 NOISE_SIGMA = 0.03
+CORPUS_VERSION = 2  # 2: the distractors carry metadata.document_type
 
 
 def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
@@ -34,7 +37,8 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
     and ``vectors.npy`` in the corpus's order. Made once per size."""
     import faiss
 
-    if (out / "vectors.npy").is_file():
+    marker = out / "made.json"
+    if (out / "vectors.npy").is_file() and marker.is_file() and json.loads(marker.read_text()) == CORPUS_VERSION:
         return out
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(data / "queries.jsonl", out / "queries.jsonl")
@@ -64,13 +68,22 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
                 parts = list(sentences[source])
                 shuffle.shuffle(parts)
                 words = [w for w in " ".join(parts).split() if shuffle.random() > 0.2]
-                fh.write(json.dumps({"_id": f"X{start + i}", "title": "", "text": " ".join(words)}) + "\n")
+                kind = "review" if (start + i) % 10 == 0 else "abstract"
+                record = {
+                    "_id": f"X{start + i}",
+                    "title": "",
+                    "text": " ".join(words),
+                    "metadata": {"document_type": kind},
+                }
+                fh.write(json.dumps(record) + "\n")
     vectors.flush()
+    marker.write_text(json.dumps(CORPUS_VERSION))
     return out
 
 
 def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
     """Build, evaluate and time; the figures as a dict (written by the caller)."""
+    from engine.documents import Filters
     from engine.search import HybridEngine
     from engine.settings import EngineSettings
     from offline.dataset import load_dataset
@@ -110,11 +123,19 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
     queries = list(load_dataset(data).split_queries("dev").values())[:200]
     for query in queries[:20]:
         engine.search(query, 10)
-    times = []
+    times, filtered = [], []
+    reviews = Filters(document_types=["review"])
     for query in queries:
         began = time.perf_counter()
         engine.search(query, 10)
         times.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    engine.search(queries[0], 10, reviews)  # the filter's chunks found through the store's index, then kept
+    first_filtered = time.perf_counter() - began
+    for query in queries:
+        began = time.perf_counter()
+        engine.search(query, 10, reviews)
+        filtered.append(time.perf_counter() - began)
     engine.close()
     return {
         "chunks": manifest["settings"]["chunks"],
@@ -125,5 +146,6 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
         "dense": manifest["settings"]["dense"],
         "index_bytes": sum(p.stat().st_size for p in target.rglob("*") if p.is_file()),
         "search_ms_one_at_a_time": percentiles(times),
+        "filtered_reviews_ms": {"first": round(first_filtered * 1000, 1), **percentiles(filtered)},
         "evaluation": str(evaluation),
     }
