@@ -1,10 +1,15 @@
 """RetrievalAgent: the hybrid engine behind RETRIEVAL_REQUEST, and its live index behind
-DOCUMENT_INGESTION (acknowledged with INGESTION_ACK once the write is durable)."""
+DOCUMENT_INGESTION (acknowledged with INGESTION_ACK once the write is durable).
+
+Searches go through a :data:`SearchPort`: in a server, the search service every door uses (its
+time limit, counters and errors; the message was admitted at its door already); alone, the
+engine on a thread (:func:`engine_port`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from pydantic import BaseModel
 
@@ -18,17 +23,33 @@ from agents.messages import (
     RetrievedChunk,
 )
 from agents.router import AgentError
+from engine.documents import SearchRequest
 from engine.errors import ServiceError
 from engine.live.writer import NotYetSearchable
-from engine.search import HybridEngine
+from engine.search import Hit, HybridEngine
+from engine.search.stages import RetrieverFailed
+
+SearchPort = Callable[[SearchRequest, str], Awaitable[list[Hit]]]  # (request, door) -> hits
+
+
+def engine_port(engine: HybridEngine) -> SearchPort:
+    """The engine itself as a search port, on a thread: for an agent outside a server."""
+
+    async def search(request: SearchRequest, door: str) -> list[Hit]:
+        return await asyncio.to_thread(
+            engine.search, request.query, request.top_k, request.filters, request.similarity_threshold, door=door
+        )
+
+    return search
 
 
 class RetrievalAgent:
     agent_id = "RetrievalAgent"
     agent_type = "retrieval"
 
-    def __init__(self, engine: HybridEngine) -> None:
+    def __init__(self, engine: HybridEngine, search: SearchPort | None = None) -> None:
         self.engine = engine
+        self.search = search or engine_port(engine)
         self.message_types = {"RETRIEVAL_REQUEST"} | ({"DOCUMENT_INGESTION"} if engine.live is not None else set())
         self.capabilities = ["hybrid-search", "filters", "similarity-threshold"]
         if engine.live is not None:
@@ -36,24 +57,20 @@ class RetrievalAgent:
 
     async def handle(self, message: Message, payload: BaseModel) -> tuple[str, BaseModel]:
         if isinstance(payload, RetrievalRequest):
-            return "RETRIEVAL_RESULT", await asyncio.to_thread(self._search, payload)
+            return "RETRIEVAL_RESULT", await self._search(payload)
         return "INGESTION_ACK", await asyncio.to_thread(self._ingest, payload, bool(message.metadata.get("wait")))
 
-    def _search(self, request: RetrievalRequest) -> RetrievalResult:
+    async def _search(self, request: RetrievalRequest) -> RetrievalResult:
         started = time.perf_counter()
         try:
-            hits = self.engine.search(
-                request.query, request.top_k, request.filters, request.similarity_threshold, door="protocol"
-            )
+            hits = await self.search(request, "protocol")  # a RetrievalRequest is a SearchRequest
         except ValueError as exc:
             raise AgentError(ErrorCode.INVALID_MESSAGE, str(exc)) from None
-        except Exception as exc:  # which retriever failed decides the code: the Java side is Lucene's
-            code = (
-                ErrorCode.LEXICAL_SEARCH_FAILED
-                if "java" in type(exc).__module__.lower()
-                else ErrorCode.VECTOR_SEARCH_FAILED
-            )
-            raise AgentError(code, f"search failed: {type(exc).__name__}: {exc}") from None
+        except TimeoutError as exc:  # the service's query time limit
+            raise AgentError(ErrorCode.TIMEOUT, str(exc)) from None
+        except RetrieverFailed as exc:  # which retriever failed decides the code
+            code = ErrorCode.LEXICAL_SEARCH_FAILED if exc.retriever == "bm25" else ErrorCode.VECTOR_SEARCH_FAILED
+            raise AgentError(code, f"search failed: {exc}") from None
         chunks = [
             RetrievedChunk(
                 chunk_id=h.doc_id,

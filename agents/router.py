@@ -210,7 +210,7 @@ class Router:
                     payload=body.model_dump(mode="json"),
                 )
             except TimeoutError:
-                _left_running(work)
+                left_running(work)
                 failure = AgentError(ErrorCode.TIMEOUT, f"{agent.agent_id} took longer than {self.timeout_s:g} s")
             except AgentError as exc:
                 failure = exc
@@ -241,7 +241,9 @@ def overruns() -> Iterator[list[asyncio.Future]]:
         _overruns.reset(token)
 
 
-def _left_running(work: asyncio.Future) -> None:
+def left_running(work: asyncio.Future) -> None:
+    """Count ``work`` among the enclosing :func:`overruns` block's (when inside one): what a door's
+    admission slot waits for before it is given back."""
     work.add_done_callback(lambda done: done.cancelled() or done.exception())  # its late failure is not news
     found = _overruns.get()
     if found is not None:

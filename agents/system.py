@@ -70,13 +70,14 @@ def build_responder(engine, settings: AgentSettings, timeout_s: float = 30.0):
     return responder
 
 
-def build_router(engine, traces: TraceStore, responder, timeout_s: float = 30.0) -> Router:
+def build_router(engine, traces: TraceStore, responder, timeout_s: float = 30.0, search=None) -> Router:
     """A router with the agents an engine can back: retrieval (and ingestion when the engine is
-    writable) and the response agent on ``responder``."""
+    writable) and the response agent on ``responder``; ``search``: the retrieval agent's
+    :data:`~agents.retrieval_agent.SearchPort` (default: the engine on a thread)."""
     from agents.response_agent import LLMResponseAgent
     from agents.retrieval_agent import RetrievalAgent
 
     router = Router(traces, timeout_s=timeout_s)
-    router.register(RetrievalAgent(engine))
+    router.register(RetrievalAgent(engine, search))
     router.register(LLMResponseAgent(responder))
     return router

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from agents.policy import PolicyError
+from agents.router import left_running
 from agents.settings import trace_db_for
 from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
@@ -29,6 +31,11 @@ from serving.settings import Settings
 
 log = logging.getLogger(__name__)
 REFRESH = ("wait_for", "true", "false")  # ?refresh= on writes: wait_for/true answer once searchable
+
+
+@contextlib.asynccontextmanager
+async def _held_by_caller() -> AsyncIterator[Callable[[asyncio.Future], None]]:
+    yield left_running
 
 
 class QueryTimeout(ServiceError, TimeoutError):
@@ -75,7 +82,9 @@ class SearchService:
             settings.agents.trace_max_messages,
         )
         self.responder = responder = build_responder(self.engine, settings.agents, settings.serving.query_timeout_s)
-        self.router = build_router(self.engine, traces, responder, settings.serving.query_timeout_s)
+        self.router = build_router(
+            self.engine, traces, responder, settings.serving.query_timeout_s, search=self._admitted_search
+        )
         self.solver = Solver(self.engine, responder, settings.serving.max_query_chars)
         self.load_seconds = time.perf_counter() - started
         # one thread for each request admission lets in: fewer, and admitted requests would queue
@@ -97,13 +106,15 @@ class SearchService:
         self.engine.stage_observers.append(self._observe)  # every search's stages, whoever asked
         self.admission = Admission(settings.serving.max_in_flight, settings.serving.max_queue_s, self.registry)
 
-    async def search(self, request: SearchRequest, door: str) -> list[Hit]:
+    async def search(self, request: SearchRequest, door: str, admitted: bool = False) -> list[Hit]:
         """A door's search: admitted, within the time limit, off the event loop; errors are counted
-        and re-raised for the door to phrase (the search itself: :meth:`HybridEngine.search`)."""
+        and re-raised for the door to phrase (the search itself: :meth:`HybridEngine.search`).
+        ``admitted``: the caller holds a slot already (a ``/v1`` message's door, whose slot then
+        waits for this search's thread, past the time limit too)."""
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
         try:
-            async with self.admission.slot(door) as outlive:
+            async with self._slot(door, admitted) as outlive:
                 run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
                 future = loop.run_in_executor(self._pool, run, self._search, request, door)
                 outlive(future)  # the slot is the thread's, past the time limit too
@@ -117,6 +128,13 @@ class SearchService:
         except Exception:
             self.errors.labels(door, "internal").inc()
             raise
+
+    async def _admitted_search(self, request: SearchRequest, door: str) -> list[Hit]:
+        return await self.search(request, door, admitted=True)
+
+    def _slot(self, door: str, admitted: bool):
+        """An admission slot, or for a caller holding one already, its door's (see :func:`left_running`)."""
+        return _held_by_caller() if admitted else self.admission.slot(door)
 
     def _search(self, request: SearchRequest, door: str) -> list[Hit]:
         return self.engine.search(

@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import time
 
 import httpx
 import pytest
@@ -528,3 +529,27 @@ def test_a_message_that_timed_out_keeps_its_admission_slot_until_its_thread_ends
     assert first.json()["payload"]["error_code"] == "TIMEOUT" and busy == 1
     assert second.status_code == 503 and second.json()["payload"]["error_code"] == "OVERLOADED"
     assert third.status_code == 200 and third.json()["type"] == "RETRIEVAL_RESULT"
+
+
+def test_a_v1_search_is_the_search_services_own_timed_and_counted(index_dir, tmp_path):
+    """RETRIEVAL_REQUEST searches through the service every door uses: past its time limit the
+    reply is TIMEOUT, and /metrics counts the search and its timeout under the door "protocol"."""
+    shutil.copytree(index_dir, tmp_path / "index")
+    port = free_port()
+    args = serve_args(tmp_path / "index", port, "--read-only", "--query-timeout", "0.001")
+    proc = start_server(
+        args + ["--trace-db", str(tmp_path / "t.sqlite")], f"http://127.0.0.1:{port}/health", tmp_path / "log"
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        reply = _send(url, _msg("RETRIEVAL_REQUEST", {"query": "soy isoflavones and breast cancer", "top_k": 3}), None)
+        assert reply.json()["payload"]["error_code"] == "TIMEOUT", reply.text
+        deadline = time.time() + 10
+        while 'search_errors_total{door="protocol",kind="timeout"} 1.0' not in (
+            metrics := httpx.get(f"{url}/metrics").text
+        ):
+            assert time.time() < deadline, metrics
+            time.sleep(0.1)
+        assert 'search_requests_total{door="protocol"} 1.0' in metrics
+    finally:
+        assert stop_server(proc) == 0

@@ -8,17 +8,20 @@ the OpenTelemetry stage spans all read.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import telemetry
 from engine.documents import Filters
+from engine.errors import ServiceError
 from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
 from engine.rerank.cross_encoder import PairScorer
 from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.token_source import PairInputs
+from engine.retrieval.lucene import IndexClosedError
 from engine.search.results import AS_LOADED, Ranking, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.store.docstore import Chunk
@@ -27,6 +30,27 @@ if TYPE_CHECKING:
     from engine.search import HybridEngine
 
 log = logging.getLogger(__name__)
+
+
+class RetrieverFailed(ServiceError):
+    """A retriever failed inside a search (500); ``retriever`` says which ("bm25" or "dense"), for
+    the protocols whose error codes tell them apart (the agent protocol's LEXICAL_SEARCH_FAILED and
+    VECTOR_SEARCH_FAILED)."""
+
+    def __init__(self, retriever: str, cause: BaseException) -> None:
+        super().__init__(f"{retriever} retrieval failed: {type(cause).__name__}: {cause}")
+        self.retriever = retriever
+
+
+@contextmanager
+def _retriever(name: str) -> Iterator[None]:
+    """A failure inside the block is ``name``'s (the engine's own declared failures pass as they are)."""
+    try:
+        yield
+    except (ServiceError, IndexClosedError):
+        raise
+    except Exception as exc:
+        raise RetrieverFailed(name, exc) from exc
 
 
 def run_stages(
@@ -44,15 +68,18 @@ def run_stages(
     if engine.follower is not None:
         engine.follower.catch_up()
     watch = Stopwatch()
-    vector = engine.dense.encode_query(query)  # before the view lock: a refresh never waits on the encoder
+    with _retriever("dense"):
+        vector = engine.dense.encode_query(query)  # before the view lock: a refresh never waits on the encoder
     watch.lap("encode")
     with engine.view_lock.reading():
         allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
         live = allowed if allowed is not None else engine.dense.rows
-        # only chunks the store holds: Lucene's view lags the others when its refresh failed (a full disk)
-        bm25 = [hit for hit in engine.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
+        with _retriever("bm25"):  # only chunks the store holds: Lucene's view lags when its refresh failed
+            bm25 = [hit for hit in engine.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
         watch.lap("bm25")
-        dense = engine.dense.search(vector, max(s.dense_depth, top_k), allowed.rows if allowed is not None else None)
+        with _retriever("dense"):
+            rows = allowed.rows if allowed is not None else None
+            dense = engine.dense.search(vector, max(s.dense_depth, top_k), rows)
         watch.lap("dense")
         memory = engine.memory.search(vector, s.memory_depth, exclude, live) if engine.memory else []
         watch.lap("memory")
