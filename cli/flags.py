@@ -32,7 +32,8 @@ METAVARS = {"tls_cert": "PEM", "tls_key": "PEM", "tls_client_ca": "PEM", "ray_ad
 # what each kind of command takes, by part (every field) or by name
 WHERE = ("index_dir", "device")
 LIVE = ("encode_batch_size", "refresh_interval_s", "checkpoint_bytes")
-SEARCH = tuple(n for n in PARTS["engine"].model_fields if n not in LIVE)
+SET_BY_SERVE = ("followed",)  # a process's part in a served whole, not the user's to choose
+SEARCH = tuple(n for n in PARTS["engine"].model_fields if n not in LIVE + SET_BY_SERVE)
 
 
 def add_settings(parser: argparse.ArgumentParser, names: Iterable[str], help: dict[str, str] | None = None) -> None:

@@ -28,6 +28,7 @@ ADAPT_SETTINGS = ["adapt", "adapt_queries", "adapt_generated", "adapt_min_gain",
 BUILD_HELP = {
     "fusion": "auto: train the learned fusion when there are train judgments; rrf: train none",
     "max_length": "with --distil-from: the student's tokens per pair (default 96)",
+    "ray": "encode the corpus across a Ray cluster's workers (GPUs when present); the same index as a local build",
     **ADAPT_HELP,
 }
 
@@ -61,11 +62,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--distil-steps", type=int, default=300, help="with --distil-from: the student's training steps (default 300)"
     )
-    p.add_argument(
-        "--ray",
-        action="store_true",
-        help="encode the corpus across a Ray cluster's workers (GPUs when present); the same index as a local build",
-    )
     add_settings(
         p,
         [
@@ -77,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "bm25_b",
             "fusion",
             "max_length",
+            "ray",
             "ray_address",
         ],
         BUILD_HELP,
@@ -139,12 +136,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build(settings: Settings, args: argparse.Namespace) -> int:
+    return build_from(settings, args.distil_from, args.distil_steps)
+
+
+def build_from(settings: Settings, distil_from: str | None = None, distil_steps: int = 300) -> int:
+    """``build`` as its settings say (``serve --build-if-missing`` builds through it too); then, with
+    ``distil_from``, the CPU student distilled from that reranker."""
     from index_build.builder import build_index
     from index_build.corpus import open_corpus
 
     started = time.perf_counter()
     ray = None
-    if getattr(args, "ray", False):  # serve --build-if-missing builds locally
+    if settings.scale_out.ray:
         from cli.serve import ray_app
 
         ray_app()  # Ray installed, or a clear error before any work
@@ -165,14 +168,14 @@ def build(settings: Settings, args: argparse.Namespace) -> int:
         f" {time.perf_counter() - started:.0f} s"
     )
     _print_adaptation(Path(engine.index_dir))
-    if getattr(args, "distil_from", None):  # serve --build-if-missing has no --distil-from
+    if distil_from:
         from engine.settings import CPU_RERANK_MAX_LENGTH
         from index_build.train_reranker import student_options, train
         from offline.dataset import load_dataset
 
         card = train(
             engine.model_copy(update={"max_length": engine.max_length or CPU_RERANK_MAX_LENGTH}),
-            student_options(args.distil_from, args.distil_steps),
+            student_options(distil_from, distil_steps),
             load_dataset(b.data_dir),
         )
         console.print(

@@ -31,21 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         " search replicas (doors and retrieval), a reranker deployment (a GPU each when the cluster has GPUs)"
         " that batches queries across replicas, and one writer the replicas follow (none with --read-only);"
         " the index directory must be at the same path on every node. With --workers N: N processes on the same"
-        " ports, one writing the index and the others following its checkpoints.",
+        " ports, one writing the index and the others following what it publishes.",
         epilog="examples:\n  hybrid-search serve --build-if-missing\n"
         "  hybrid-search serve --index-dir indexes/docs --host 0.0.0.0 --reranker ../models/reranker\n"
         "  hybrid-search serve --workers 4\n"
         "  hybrid-search serve --ray --search-replicas 2-8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--build-if-missing", action="store_true", help="build the index from --data first if absent")
-    p.add_argument(
-        "--no-mcp", action="store_true", help="no MCP endpoint (/mcp): REST and /health still answer on --mcp-port"
-    )
-    p.add_argument("--no-a2a", action="store_true", help="serve only MCP + REST")
-    p.add_argument("--mcp-url", help="A2A agent searches through this MCP server instead of in-process")
-    p.add_argument("--read-only", action="store_true", help="refuse document writes (POST/DELETE /documents)")
-    p.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead of in this process")
     add_settings(p, SERVE_SETTINGS)
     p.set_defaults(run=serve, answers_queries=True)
 
@@ -73,26 +65,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def serve(settings: Settings, args: argparse.Namespace) -> int:
     from serving.app import check_ports, door_ports, run_servers
 
-    if args.no_mcp and args.no_a2a:
+    s, ray = settings.serving, settings.scale_out.ray
+    if not s.mcp and not s.a2a:
         raise ValueError("--no-mcp and --no-a2a together leave nothing to serve")
-    if args.ray and (args.no_mcp or args.no_a2a or args.mcp_url):
+    if ray and (not s.mcp or not s.a2a or s.mcp_url):
         raise ValueError("--ray serves MCP + REST and A2A on one port; leave out --no-mcp, --no-a2a and --mcp-url")
-    if args.ray and settings.security.tls_cert is not None:
+    if ray and settings.security.tls_cert is not None:
         raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
-    if args.ray and settings.serving.workers > 1:
+    if ray and s.workers > 1:
         raise ValueError("--ray scales with --search-replicas, not --workers: leave out --workers")
-    doors = {"mcp": not args.no_mcp, "a2a": not args.no_a2a, "mcp_url": args.mcp_url}
-    ports = {"mcp": settings.serving.mcp_port} if args.ray else door_ports(settings, **doors)  # Ray: one port
-    check_ports(ports, settings.serving.host)
-    if args.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
-        from cli.index import build
+    doors = {"mcp": s.mcp, "a2a": s.a2a, "mcp_url": s.mcp_url}
+    ports = {"mcp": s.mcp_port} if ray else door_ports(settings, **doors)  # Ray: one port
+    check_ports(ports, s.host)
+    if s.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
+        from cli.index import build_from
 
-        # serve's --llm-url is for answers: the build it starts asks it for no pseudo-queries
-        build(settings.with_values(llm_url=None), argparse.Namespace())
-    if args.ray:
-        ray_app().run_on_ray(settings, writable=not args.read_only)
+        # here, not on Ray; serve's --llm-url is for answers: the build asks it for no pseudo-queries
+        build_from(settings.with_values(llm_url=None, ray=False))
+    if ray:
+        ray_app().run_on_ray(settings, writable=not s.read_only)
         return 0
-    doors["writable"] = not args.read_only
+    doors["writable"] = not s.read_only
     if settings.serving.worker_count() > 1:
         from serving.workers import run_workers
 

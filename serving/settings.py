@@ -63,6 +63,11 @@ class ServingSettings(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest HTTP request body (more gets 413)")
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
+    mcp: bool = Field(True, description="the MCP endpoint (/mcp); off: REST and /health still answer on --mcp-port")
+    a2a: bool = Field(True, description="the A2A agent on --a2a-port; off: only MCP + REST")
+    mcp_url: MaybeStr = Field(None, description="the A2A agent searches through this MCP server, not in-process")
+    read_only: bool = Field(False, description="refuse document writes (POST/DELETE /documents, the write tools)")
+    build_if_missing: bool = Field(False, description="serve: build the index from --data first if it is absent")
     workers: int = Field(
         1,
         ge=0,
@@ -132,6 +137,7 @@ class ScaleOutSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    ray: bool = Field(False, description="serve: deploy on Ray Serve instead of in this process")
     ray_address: MaybeStr = Field(
         None, description="Ray cluster to join, e.g. 10.0.0.5:6379 (default: start a local one)"
     )

@@ -144,11 +144,14 @@ def test_every_setting_a_server_reads_is_a_serve_flag_with_its_description(capsy
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    from cli.flags import FLAG_NAMES
+    from cli.flags import FLAG_NAMES, SET_BY_SERVE
 
     for part in ("engine", "serving", "security", "telemetry", "agents", "scale_out"):
         for name, field in PARTS[part].model_fields.items():
             flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+            if name in SET_BY_SERVE:  # serve sets it on the processes it starts; no flag
+                assert flag not in out
+                continue
             assert flag in out, f"serve has no {flag} for {part}.{name}"
             assert " ".join(field.description.split())[:40] in out, f"{flag}'s help is not its setting's"
     assert "--rerank-depth RERANK_DEPTH" in out and "(default 4)" in out  # max_in_flight's default, shown
@@ -172,3 +175,17 @@ def test_serve_runs_one_process_unless_told_and_workers_0_is_one_for_every_two_c
     assert Settings().serving.worker_count() == 1
     assert Settings().with_values(workers=0).serving.worker_count() == max(1, cores // 2)
     assert Settings().with_values(workers=3).serving.worker_count() == 3
+
+
+def test_serves_switches_are_settings_from_toml_and_the_environment(tmp_path, monkeypatch):
+    """--read-only, --no-mcp, --no-a2a, --ray, --build-if-missing and --mcp-url are settings like
+    any other: a TOML file or HYBRID_SEARCH_* sets them, a flag overrides."""
+    from cli.flags import settings_from
+    from cli.main import build_parser
+
+    (tmp_path / "serve.toml").write_text("[serving]\nread_only = true\na2a = false\n")
+    monkeypatch.setenv("HYBRID_SEARCH_BUILD_IF_MISSING", "true")
+    args = build_parser().parse_args(["--config", str(tmp_path / "serve.toml"), "serve", "--no-mcp", "--a2a"])
+    settings = settings_from(args)
+    s = settings.serving
+    assert (s.read_only, s.mcp, s.a2a, s.build_if_missing, settings.scale_out.ray) == (True, False, True, True, False)

@@ -151,7 +151,8 @@ def test_compose_runs_the_spec_scenario():
 
 
 def test_the_containers_command_reaches_the_index_build(monkeypatch, tmp_path):
-    """``serve --build-if-missing`` runs ``build`` with serve's arguments (it once read build-only ones)."""
+    """``serve --build-if-missing`` builds through the typed build function, from serve's settings
+    alone (it once called the command with build-only arguments missing)."""
     import index_build.builder
     import index_build.corpus
     from cli import index as commands
@@ -163,5 +164,6 @@ def test_the_containers_command_reaches_the_index_build(monkeypatch, tmp_path):
     monkeypatch.setattr(index_build.corpus, "open_corpus", lambda *a, **k: corpus)
     monkeypatch.setattr(index_build.builder, "build_index", lambda *a, **k: built.append(a) or manifest)
     args = build_parser().parse_args(json.loads(_instruction("CMD", _stages()[-1])[0]))
-    assert commands.build(Settings(index_dir=tmp_path / "index", data_dir=tmp_path), args) == 0 and built
+    assert args.build_if_missing
+    assert commands.build_from(Settings(index_dir=tmp_path / "index", data_dir=tmp_path)) == 0 and built
     assert "mkdir -p /data/dataset" not in DOCKERFILE and "/data/dataset" not in " ".join(_instruction("RUN"))
