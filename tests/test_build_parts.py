@@ -161,9 +161,11 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         # a filter's rows outside the probed lists are found all the same
         import faiss
 
+        from engine.retrieval.dense import Rows
+
         faiss.extract_index_ivf(engine.dense._index).nprobe = 1
         allowed = [row for row, unit in engine.dense.units.items() if not unit.startswith("D-coffee")][:9]
-        within = engine.dense.search(vector, 20, allowed)
+        within = engine.dense.search(vector, 20, Rows(np.asarray(allowed)))
         assert sorted(engine.dense.rows[u] for u, _ in within) == sorted(allowed)
         gone = engine.search("caffeine and the liver", 1)[0].document_id
         engine.live.delete(gone, wait=True)

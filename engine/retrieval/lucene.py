@@ -235,7 +235,7 @@ class LuceneIndex:
         allowed hits at the filter's share of the index, four times deeper while it does not, and
         past ``filter_depth`` (a query whose best hits the filter avoids) the ids go to Lucene."""
         share, deepest = len(allowed) / max(self.documents, 1), self.filter_depth
-        depth = min(deepest, max(k, int(2 * k / max(share, 1e-9))))
+        depth = min(deepest, max(k, int(1.5 * k / max(share, 1e-9))))
         while True:
             hits = self._top(bag, depth)
             kept = [hit for hit in hits if hit[0] in allowed]

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from engine.documents import Filters
+from engine.retrieval.dense import Rows
 from engine.store.docstore import DocStore
 
 KEPT_ROWS = 2_000_000  # rows held over every kept filter (~200 MB at most)
@@ -26,7 +27,7 @@ class Allowed:
 
     def __init__(self, units: dict[str, int]) -> None:
         self.units = units
-        self.rows = np.fromiter(units.values(), dtype=np.int64, count=len(units))
+        self.rows = Rows(np.fromiter(units.values(), dtype=np.int64, count=len(units)))
 
     def __contains__(self, unit_id: object) -> bool:
         return unit_id in self.units

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     row INTEGER PRIMARY KEY, unit_id TEXT NOT NULL UNIQUE, document_id TEXT NOT NULL, chunk_id TEXT NOT NULL,
     position INTEGER NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL, metadata TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(document_id);
+DROP INDEX IF EXISTS chunks_by_document;
+CREATE INDEX IF NOT EXISTS chunks_of_document ON chunks(document_id, unit_id);
 CREATE INDEX IF NOT EXISTS documents_by_type ON documents(json_extract(metadata, '$.document_type'));
 CREATE INDEX IF NOT EXISTS documents_by_date ON documents(json_extract(metadata, '$.date'));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -217,7 +218,8 @@ _CHUNK_SELECT = (
 def matching_sql(filters: Filters) -> tuple[str, list]:
     """The query for :meth:`DocStore.matching`: document type and date through their expression
     indexes (``documents_by_type``, ``documents_by_date``), a document's chunks through
-    ``chunks_by_document``; other metadata keys are read from every row."""
+    ``chunks_of_document``, which holds what the query reads (no chunk's text is read); other
+    metadata keys are read from every row."""
     where: list[str] = []
     args: list = []
     if filters.document_types:
