@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, MANIFEST, REHEARSED, STAGES, describe
+from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, LEASE_MINUTES, MANIFEST, REHEARSED, STAGES, describe, plan_minutes
 
 HTTP_CLIENTS = (1, 64, 8)
 # the new stages' sizes on the GPU, and in the CPU rehearsal (`rehearse`), which runs them small
@@ -233,7 +233,8 @@ def compiled(out: Path, small: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kit", description=__doc__)
     sub = p.add_subparsers(dest="verb", required=True)
-    sub.add_parser("plan", help="the calls, what each carries and runs, and their expected minutes")
+    pl = sub.add_parser("plan", help="the calls, what each carries and runs, and their expected minutes")
+    pl.add_argument("--json", action="store_true", help="each call's minutes and the total, as JSON")
     pk = sub.add_parser("pack", help="here: write the parts and manifest into .gpukit/")
     pk.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
     pk.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
@@ -255,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "plan":
         manifest = Path(KIT_DIR) / MANIFEST
         parts = len(json.loads(manifest.read_text())["parts"]) if manifest.is_file() else 1
+        if args.json:
+            minutes = plan_minutes(parts)
+            print(json.dumps({"calls_minutes": minutes, "total_minutes": sum(minutes), "at_most": LEASE_MINUTES}))
+            return 0
         print(describe(parts))
         print(f"stage batches: {BATCHES}")
         return 0
