@@ -56,16 +56,33 @@ def _spawned(settings: Settings, tmp_path) -> tuple[multiprocessing.Process, Cha
     return process, channel, described
 
 
-def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
+def _encodes_as_the_index_encoder(channel: Channel, described: dict, index_dir) -> None:
+    """16 callers at once (``--shared-query-encoder on``): each gets its own row, the encoder's."""
+    remote = SharedQueryEncoder(channel, described["query_encoder"], timeout_s=60)
+    model = load_encoder(read_manifest(index_dir).encoder, "cpu")
+    queries = [f"question {i} about {topic}" for i, topic in enumerate(["soy", "coffee", "rice", "meat"] * 4)]
+    with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+        rows = list(pool.map(remote, queries))
+    for query, row in zip(queries, rows, strict=True):
+        assert row.shape == (1, model.get_embedding_dimension()) and row.dtype == np.float32
+        assert row == pytest.approx(encode(model, [query]), abs=1e-5)  # batched or alone, the same row
+
+
+def test_the_process_scores_each_callers_pairs_and_encodes_their_queries_as_one_process_does(
     index_dir, reranker_dir, beir_dir, tmp_path
 ):
     settings = Settings().with_values(
-        index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_batch_wait_ms=200, rerank_batch_tokens=1 << 20
+        index_dir=index_dir,
+        device="cpu",
+        reranker=reranker_dir,
+        rerank_batch_wait_ms=200,
+        rerank_batch_tokens=1 << 20,
+        shared_query_encoder="on",
     )
     process, channel, described = _spawned(settings, tmp_path)
     try:
         assert described["device"] == "cpu" and described["max_length"] == 96
-        assert described["query_encoder"] is None  # the workers encode their own queries unless asked
+        assert described["query_encoder"] == "shared torch-cpu"
         shared = SharedReranker(channel, described, settings.engine, timeout_s=60)
         local = load_reranker(settings.engine, reranker_dir, "cpu", cache=False)  # as one process serves it
         assert shared.text_tokens.fingerprint == local.text_tokens.fingerprint  # the index's ids fit its pairs
@@ -86,6 +103,9 @@ def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
         assert status["reachable"] and status["pid"] == process.pid and status["batches"] < len(jobs)  # merged
         assert shared.score(*jobs[0]) == together[0]  # the worker's cache: no call at all
         assert shared.score("nothing", []) == []
+        _encodes_as_the_index_encoder(channel, described, index_dir)
+        status = shared.status()
+        assert status["queries_encoded"] == 16 and 1 <= status["encode_batches"] <= 16
 
         process.kill()
         process.join()
@@ -96,28 +116,6 @@ def test_the_process_scores_each_callers_pairs_as_the_reranker_in_process_does(
         if process.is_alive():
             process.kill()
             process.join()
-
-
-def test_the_process_encodes_every_callers_query_as_the_index_encoder_does(index_dir, reranker_dir, tmp_path):
-    settings = Settings().with_values(
-        index_dir=index_dir, device="cpu", reranker=reranker_dir, shared_query_encoder="on", rerank_batch_wait_ms=200
-    )
-    process, channel, described = _spawned(settings, tmp_path)
-    try:
-        assert described["query_encoder"] == "shared torch-cpu"
-        remote = SharedQueryEncoder(channel, described["query_encoder"], timeout_s=60)
-        model = load_encoder(read_manifest(index_dir).encoder, "cpu")
-        queries = [f"question {i} about {topic}" for i, topic in enumerate(["soy", "coffee", "rice", "meat"] * 4)]
-        with ThreadPoolExecutor(max_workers=len(queries)) as pool:
-            rows = list(pool.map(remote, queries))
-        for query, row in zip(queries, rows, strict=True):
-            assert row.shape == (1, model.get_embedding_dimension()) and row.dtype == np.float32
-            assert row == pytest.approx(encode(model, [query]), abs=1e-5)  # batched or alone, the same row
-        status = SharedReranker(channel, described, settings.engine, timeout_s=60).status()
-        assert status["queries_encoded"] == len(queries) and 1 <= status["encode_batches"] <= len(queries)
-    finally:
-        process.kill()
-        process.join()
 
 
 @pytest.fixture(scope="module")
