@@ -11,7 +11,7 @@ import typing
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from serving.settings import PART_OF, PARTS, Settings
@@ -27,7 +27,16 @@ FLAG_NAMES = {
     "ray_reranker_replicas": "--reranker-replicas",
     "ray_replica_cpus": "--replica-cpus",
 }
-METAVARS = {"tls_cert": "PEM", "tls_key": "PEM", "tls_client_ca": "PEM", "ray_address": "HOST:PORT"}
+METAVARS = {
+    "tls_cert": "PEM",
+    "tls_key": "PEM",
+    "tls_client_ca": "PEM",
+    "ray_address": "HOST:PORT",
+    "distil_from": "DIR",
+    "memory_context": "N",
+    "student_layers": "N",
+}
+M = typing.TypeVar("M", bound=BaseModel)
 
 # what each kind of command takes, by part (every field) or by name
 WHERE = ("index_dir", "device")
@@ -47,11 +56,24 @@ def add_settings(parser: argparse.ArgumentParser, names: Iterable[str], help: di
         _add(groups[part], name, PARTS[part].model_fields[name], (help or {}).get(name))
 
 
+def add_model_flags(group: argparse._ArgumentGroup, model: type[BaseModel], names: Iterable[str]) -> None:
+    """A flag for each of ``model``'s fields in ``names``, made as a setting's is (a command's own
+    options: ``train-reranker``'s ``TrainOptions``)."""
+    for name in names:
+        _add(group, name, model.model_fields[name], None)
+
+
+def model_from(model: type[M], args: argparse.Namespace, **given: object) -> M:
+    """``model`` from the flags given (an unset flag leaves the field's default) and ``given``."""
+    flags = {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
+    return model.model_validate({**flags, **given})
+
+
 def _add(group: argparse._ArgumentGroup, name: str, field: FieldInfo, help: str | None) -> None:
     flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
     kind = _plain(field.annotation)
     text = help or field.description or ""
-    default = field.get_default(call_default_factory=True)
+    default = None if field.is_required() else field.get_default(call_default_factory=True)
     if default is not None and "default" not in text:
         text += f" (default {_shown(default)})"
     options: dict = {"dest": name, "default": None, "help": text.replace("%", "%%")}

@@ -26,9 +26,10 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine.rerank.cross_encoder import CARD_FILE, Reranker
 from engine.rerank.loading import load_reranker
@@ -52,26 +53,55 @@ LOSSES = {
 }
 
 
-@dataclass
-class TrainOptions:
-    base: str
-    split: str | None = None
-    max_steps: int | None = None
-    queries: int | None = None
-    batch_queries: int = 8
-    group_size: int = 8
-    lr: float = 3e-5
-    eval_every: int | None = None
-    eval_queries: int | None = None
-    eval_split: str = "dev"
-    mine_depth: int = 100
-    freeze_layers: int = 0
-    seed: int = 13
-    loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
-    memory_context: int = 5
-    distil_from: str | None = None
-    distil_weight: float = 0.75
-    student_layers: int | None = None
+class TrainOptions(BaseModel):
+    """How ``train-reranker`` trains: its flags are these fields (``cli/train.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str = Field(
+        description="model to start from (default: the teacher when distilling, else the offline all-MiniLM-L6-v2)"
+    )
+    split: str | None = Field(None, description="training judgments (default train.graded if present, else train)")
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps (default: one pass over the queries)")
+    queries: int | None = Field(None, ge=1, description="sample this many training queries")
+    batch_queries: int = Field(8, ge=1, description="queries per step")
+    group_size: int = Field(8, ge=2, description="1 positive + N-1 hard negatives per query")
+    lr: float = Field(3e-5, gt=0, description="learning rate")
+    eval_every: int | None = Field(None, ge=1, description="steps between dev checkpoints (default: 4 per run)")
+    eval_queries: int | None = Field(None, ge=1, description="dev queries per checkpoint (default all)")
+    eval_split: str = Field("dev", description="the judgments checkpoints are chosen on")
+    mine_depth: int = Field(
+        100, ge=2, description="positives and negatives come from each query's RRF top N (docs/experiments.md)"
+    )
+    freeze_layers: int = Field(0, ge=0, description="keep the embeddings and the first N layers fixed (CPU runs: 2)")
+    seed: int = Field(13, description="the sampling and initialisation seed")
+    loss: Literal["listwise", "pairwise", "pointwise"] = Field(
+        "listwise",
+        description="listwise: softmax over each query's group; pairwise: logistic loss on the positive's margin over"
+        " each negative; pointwise: binary cross-entropy per pair",
+    )
+    memory_context: int = Field(
+        5,
+        ge=0,
+        description="prefix each document with the N training queries nearest the query that cited it (the judgment"
+        " memory's, the query itself left out), as serving does (0: plain documents; docs/experiments.md)",
+    )
+    distil_from: str | None = Field(
+        None,
+        description="the teacher: a trained reranker folder (not <index-dir>/reranker, which the student replaces)",
+    )
+    distil_weight: float = Field(
+        0.75,
+        ge=0,
+        le=1,
+        description="share of the loss that follows the teacher (KL over each group); the rest follows the judgments",
+    )
+    student_layers: int | None = Field(
+        None, ge=1, description="keep N of the base's transformer layers, evenly spaced (default: all)"
+    )
+
+
+DISTILLATION = ("distil_from", "student_layers", "distil_weight")  # the flags' own group
 
 
 def student_options(teacher: str, steps: int = 300) -> TrainOptions:
@@ -92,8 +122,6 @@ def train(settings: EngineSettings, options: TrainOptions, dataset: Dataset, pro
         raise ValueError(
             f"--distil-from {options.distil_from} is the folder the student would replace: copy the teacher elsewhere"
         )
-    if not 0 <= options.distil_weight <= 1:
-        raise ValueError(f"--distil-weight must be between 0 and 1, not {options.distil_weight}")
     if options.mine_depth < options.group_size:
         raise ValueError(f"--mine-depth {options.mine_depth} cannot hold a group of {options.group_size} documents")
     started = time.perf_counter()
@@ -183,7 +211,7 @@ def train(settings: EngineSettings, options: TrainOptions, dataset: Dataset, pro
         "loss": f"{LOSSES[options.loss]}, 1 positive + {options.group_size - 1} hard negatives"
         f" from the RRF top {options.mine_depth} (memory leave-one-out)"
         + (f"; distilled: {options.distil_weight} x KL to the teacher's softmax over each group" if teacher else ""),
-        "options": asdict(options),
+        "options": options.model_dump(),
         "layers": model.transformers_model.config.num_hidden_layers,
         **({"teacher": _teacher_summary(teacher)} if teacher else {}),
         "max_length": max_length,
