@@ -59,6 +59,8 @@ class Follower:
                 return False
             records = self._log.between(self.seq, target)
             if target > self.seq + len(records):  # the log was emptied meanwhile: a newer checkpoint has them
+                if latest_dense(self.index_dir)[1] <= self.seq:  # none yet (a stale announcement): not again
+                    return False
                 return self._read_checkpoint()
             engine = self.engine
             with engine.view_lock.writing():
