@@ -77,7 +77,7 @@ def read_corpus(index_dir: Path, engine) -> Corpus:
     vectors our dense stage does; rows are named and their texts read through our document store."""
     import faiss
 
-    index = faiss.read_index(str(latest_dense(index_dir)[0]))
+    index = faiss.read_index(str(latest_dense(index_dir).base))
     rows = faiss.vector_to_array(index.id_map)
     base = faiss.downcast_index(index.index)
     vectors = base.reconstruct_n(0, base.ntotal)

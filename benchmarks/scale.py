@@ -68,6 +68,12 @@ def main() -> None:
     )
     parser.add_argument("--distractors", type=int, default=1_000_000, help="with --engine: passages added")
     parser.add_argument(
+        "--resume-check",
+        action="store_true",
+        help="with --engine: build again, kill it with SIGKILL at half the first build's time, run it again,"
+        " and compare the two builds' dev rankings",
+    )
+    parser.add_argument(
         "--work", type=Path, default=Path("/tmp/hybrid-search-scale"), help="with --engine: corpus and index"
     )
     args = parser.parse_args()
@@ -76,7 +82,9 @@ def main() -> None:
         from benchmarks.scale_engine import run
 
         out = Path("benchmarks/results") / machine_name()
-        found = run(settings.build.data_dir, settings.engine.index_dir, args.distractors, args.work, out)
+        found = run(
+            settings.build.data_dir, settings.engine.index_dir, args.distractors, args.work, out, args.resume_check
+        )
         print(json.dumps(found, indent=2))
         write_result(out / f"scale-engine-{args.distractors}.json", found, vars(args))
         return

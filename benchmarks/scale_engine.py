@@ -81,8 +81,9 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
     return out
 
 
-def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
-    """Build, evaluate and time; the figures as a dict (written by the caller)."""
+def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check: bool = False) -> dict:
+    """Build, evaluate and time; the figures as a dict (written by the caller). ``resume_check``: a
+    second build killed at half the first's time and run again, its dev rankings set beside."""
     from engine.documents import Filters
     from engine.search import HybridEngine
     from engine.settings import EngineSettings
@@ -102,23 +103,9 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
     peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
     manifest = json.loads((target / "manifest.json").read_text())
     evaluation = out / f"eval-dev-{n}"
-    subprocess.run(
-        cli
-        + [
-            "evaluate",
-            "--split",
-            "dev",
-            "--index-dir",
-            str(target),
-            "--data",
-            str(corpus),
-            "--no-rerank",
-            "--output",
-            str(evaluation),
-        ],
-        cwd=ROOT,
-        check=True,
-    )
+    evaluate = cli + ["evaluate", "--split", "dev", "--data", str(corpus), "--no-rerank"]
+    subprocess.run(evaluate + ["--index-dir", str(target), "--output", str(evaluation)], cwd=ROOT, check=True)
+    resumed = resumed_build(build, target, build_s, evaluate, evaluation) if resume_check else None
     engine = HybridEngine(EngineSettings(index_dir=target, rerank=False))
     queries = list(load_dataset(data).split_queries("dev").values())[:200]
     for query in queries[:20]:
@@ -148,4 +135,43 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path) -> dict:
         "search_ms_one_at_a_time": percentiles(times),
         "filtered_reviews_ms": {"first": round(first_filtered * 1000, 1), **percentiles(filtered)},
         "evaluation": str(evaluation),
+        **({"killed_at_half": resumed} if resumed else {}),
+    }
+
+
+def resumed_build(build: list[str], target: Path, build_s: float, evaluate: list[str], evaluation: Path) -> dict:
+    """The same build into a second folder, killed with SIGKILL at half ``build_s`` and run again:
+    the two runs' wall time against ``build_s``, and whether every stage's dev ranking is the
+    uninterrupted build's (``evaluation`` holds its run files)."""
+    import os
+    import signal
+
+    other = target.with_name(f"{target.name}-resumed")
+    shutil.rmtree(other, ignore_errors=True)
+    command = [other if part == str(target) else part for part in build]
+    command = [str(part) for part in command]
+    started = time.perf_counter()
+    with open(other.with_name(f"{other.name}.log"), "w") as log:
+        first = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(build_s / 2)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    killed_s = time.perf_counter() - started
+    work = other.with_name(f".{other.name}.building")
+    state = json.loads((work / "build.json").read_text()) if (work / "build.json").is_file() else {}
+    started = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, check=True)
+    again_s = time.perf_counter() - started
+    second = evaluation.with_name(f"{evaluation.name}-resumed")
+    subprocess.run(evaluate + ["--index-dir", str(other), "--output", str(second)], cwd=ROOT, check=True)
+    runs = sorted(p.name for p in evaluation.glob("run.*.trec"))
+    same = {name: (evaluation / name).read_bytes() == (second / name).read_bytes() for name in runs}
+    shutil.rmtree(other)
+    return {
+        "killed_after_s": round(killed_s, 1),
+        "phases_done_when_killed": state.get("done", []),
+        "parts_with_vectors_when_killed": len(state.get("vectors", [])),
+        "resumed_s": round(again_s, 1),
+        "total_over_uninterrupted": round((killed_s + again_s) / build_s, 3),
+        "dev_rankings_identical": same,
     }

@@ -10,7 +10,7 @@ once); dev queries at 1 client (p50/p95) and at 64 (queries/s, errors); a filter
 while 4 clients search, each acknowledged document looked for on the follower until found
 (acknowledgement to visible), the writer's bytes written per refresh, every document read back;
 and the writer killed with SIGKILL: the time until it serves again, what it replayed, and the
-documents still there.
+documents still there; last, the dense files the checkpoint at the clean stop wrote.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def writer_killed(url: str, n: int) -> dict:
 def measure(index: Path, queries: list[str], log: Path, live: bool) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    started = time.perf_counter()
+    started, began_wall = time.perf_counter(), time.time()
     server = start_server(serve_args(index, port, "--workers", "2", "--no-rerank"), f"{url}/health", log)
     pids = workers_up(url, seconds=300)
     found: dict = {"start_s": round(time.perf_counter() - started, 1)}
@@ -182,6 +182,12 @@ def measure(index: Path, queries: list[str], log: Path, live: bool) -> dict:
         found["memory_after"] = {role: _memory(pid) for role, pid in workers_up(url, seconds=300).items()}
     finally:
         found["exit_code"] = stop_server(server)
+    if live:  # the checkpoint at the clean stop: what it wrote of the dense index
+        found["dense_checkpoint_at_stop"] = {
+            p.name: p.stat().st_size
+            for p in [*index.glob("dense*.faiss"), *index.glob("delta-*.npz")]
+            if p.stat().st_mtime > began_wall
+        }
     return found
 
 

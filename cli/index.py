@@ -269,12 +269,13 @@ def ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def compact(settings: Settings, args: argparse.Namespace) -> int:
-    """Apply and checkpoint every logged write, so the log is empty and readers can open the index."""
+    """Apply and checkpoint every logged write, so the log is empty and readers can open the index;
+    the dense writes are merged into a new base."""
     from engine.search import HybridEngine
 
     engine = HybridEngine(settings.engine.model_copy(update={"rerank": False}), writable=True)
     recovered = engine.live.recovery
-    result = engine.live.checkpoint()
+    result = engine.live.checkpoint(merge=True)
     engine.close()
     print(
         f"checkpointed {settings.engine.index_dir} at write {result['seq']}: replayed {recovered['records']}"

@@ -159,11 +159,9 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         assert engine.dense.search(vector, 1)[0][0] == "new-1#c1"  # in the inverted file, found by the probes
         assert "new-1" in {h.document_id for h in engine.search("zanzibar clove harvest", 3)}
         # a filter's rows outside the probed lists are found all the same
-        import faiss
-
         from engine.retrieval.dense import Rows
 
-        faiss.extract_index_ivf(engine.dense._index).nprobe = 1
+        engine.dense.segments.ivf.nprobe = 1
         allowed = [row for row, unit in engine.dense.units.items() if not unit.startswith("D-coffee")][:9]
         within = engine.dense.search(vector, 20, Rows(np.asarray(allowed)))
         assert sorted(engine.dense.rows[u] for u, _ in within) == sorted(allowed)

@@ -426,10 +426,16 @@ def test_a_follower_shows_each_published_write_from_the_log_not_a_rewritten_inde
         assert sorted(live_dir.glob("dense*.faiss")) == dense_files  # no dense index written for them
         assert follower.follower.status()["applied_from_log"] == 2
 
-        writer.live.checkpoint()  # the log emptied: what follows is read from its start again
+        base = follower.dense.segments.base
+        follower.follower.close()  # its own thread stopped: searches alone catch it up now
         writer.live.delete("f1", wait=True)
+        written = writer.live.checkpoint()  # the log emptied past the follower's position
+        assert not written["dense_merged"] and sorted(live_dir.glob("dense*.faiss")) == dense_files
         assert all(h.document_id != "f1" for h in follower.search("wombat burrow digging", 5))
-        assert follower.follower.status()["write"] == writer.live.seq
+        assert follower.follower.status()["checkpoint"] == written["seq"] == writer.live.seq
+        assert follower.dense.segments.base is base  # the checkpoint's writes read; the shared base kept mapped
+        writer.live.upsert(DocumentIn.model_validate(_doc("f2", "quokka marsupial diet")), wait=True)
+        assert follower.search("quokka marsupial diet", 1)[0].document_id == "f2"  # from the log again
     finally:
         writer.close()
         follower.close()

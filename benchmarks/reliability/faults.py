@@ -130,7 +130,7 @@ class Corruption:
 
 
 CORRUPTIONS = [
-    Corruption("dense index truncated", lambda index: _truncate(latest_dense(index)[0])),
+    Corruption("dense index truncated", lambda index: _truncate(latest_dense(index).base)),
     Corruption("manifest damaged", lambda index: _truncate(index / MANIFEST_FILE)),
     Corruption("Lucene segment file missing", _drop_segment_file),
     Corruption("document store page overwritten", lambda index: _overwrite_page(index / DOCS_FILE)),

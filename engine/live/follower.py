@@ -7,7 +7,8 @@ A follower reads that file, a few bytes, before each search and every ``POLL_S``
 its own; when it is behind it reopens Lucene's reader and applies the write-ahead log's records
 since its position to its dense index (:class:`~engine.store.wal.LogTail`): the cost of catching
 up is the writes since, not the index. Only when the writer has checkpointed past it (the log
-emptied, a new ``dense-<seq>.faiss``) does it read the dense index whole. A write acknowledged
+emptied) does it read the checkpoint: the writes since the base it maps already, or a new base
+after a merge, mapped (every process serving the index shares the base's pages). A write acknowledged
 with ``wait`` is visible on every follower from the next search on.
 
 The SQLite store is shared and runs ahead of the position by the writes applied since. A follower
@@ -23,6 +24,7 @@ import threading
 
 from engine.live.writer import apply_dense
 from engine.retrieval.dense import DenseRetriever
+from engine.retrieval.segments import DenseSegments
 from engine.store.index_dir import WAL_FILE, latest_dense, published
 from engine.store.wal import LogTail
 
@@ -55,11 +57,11 @@ class Follower:
         with self._lock:
             if target <= self.seq:  # another thread caught up while this one waited
                 return False
-            if latest_dense(self.index_dir)[1] > self.seq and not self._read_checkpoint():
+            if latest_dense(self.index_dir).seq > self.seq and not self._read_checkpoint():
                 return False
             records = self._log.between(self.seq, target)
             if target > self.seq + len(records):  # the log was emptied meanwhile: a newer checkpoint has them
-                if latest_dense(self.index_dir)[1] <= self.seq:  # none yet (a stale announcement): not again
+                if latest_dense(self.index_dir).seq <= self.seq:  # none yet (a stale announcement): not again
                     return False
                 return self._read_checkpoint()
             engine = self.engine
@@ -72,17 +74,23 @@ class Follower:
         return True
 
     def _read_checkpoint(self) -> bool:
-        """The newest dense checkpoint read whole, its rows named by the store (which may be ahead of
-        it: rows it no longer names are dropped)."""
-        path, seq = latest_dense(self.index_dir)
-        engine = self.engine
-        try:
-            dense = DenseRetriever(
-                path, engine.dense.encoder, engine.dense.query_encoder, engine.settings.hnsw_ef_search, "cpu", True
-            )
+        """The newest dense checkpoint, its rows named by the store (which may be ahead of it: rows
+        it no longer names are dropped)."""
+        checkpoint, engine = latest_dense(self.index_dir), self.engine
+        current = engine.dense.segments
+        same_base = current.checkpoint.base == checkpoint.base
+        try:  # the base this follower maps already is not mapped again: only the delta is read
+            segments = DenseSegments(checkpoint, current.base if same_base else None)
         except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
-            log.debug("checkpoint %s went away (%s); the next search catches up", path.name, exc)
+            log.debug("checkpoint %s went away (%s); the next search catches up", checkpoint.seq, exc)
             return False
+        old = engine.dense
+        device = "cpu" if same_base else engine.retrieval_device  # a base already on the GPU stays there
+        dense = DenseRetriever(
+            checkpoint, old.encoder, old.query_encoder, engine.settings.hnsw_ef_search, device, segments
+        )
+        if same_base:
+            dense._fast, dense.backend = old._fast, old.backend
         units = engine.store.unit_ids_by_row()
         held = dense.row_ids()
         dense.remove([row for row in held if row not in units])
@@ -90,8 +98,8 @@ class Follower:
         with engine.view_lock.writing():
             engine.bm25.refresh()
             engine.dense = dense
-        self.seq = self.checkpoint = seq
-        log.info("following: read checkpoint %d (%d chunks)", seq, len(dense.units))
+        self.seq = self.checkpoint = checkpoint.seq
+        log.info("following: read checkpoint %d (%d chunks)", checkpoint.seq, len(dense.units))
         return True
 
     def _poll(self) -> None:

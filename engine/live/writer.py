@@ -11,8 +11,9 @@ The write path, one writer at a time:
    near-real-time reader is reopened. Searches hold the view lock's shared side while they
    retrieve, so a search sees every store before a refresh or every store after it, never half
    a document. A refresh that fails (a full disk) keeps its records pending for the next one;
-4. a checkpoint (Lucene commit, ``dense-<seq>.faiss`` written to a temporary file and renamed,
-   SQLite's WAL checkpointed, directory fsynced) lets the log be emptied.
+4. a checkpoint (Lucene commit; the dense writes since the base, or a merged base, written to a
+   temporary file and renamed: :mod:`engine.retrieval.segments`; SQLite's WAL checkpointed)
+   lets the log be emptied.
 
 Every store remembers the last record it holds (Lucene's commit data, the dense checkpoint's
 file name, SQLite's ``applied_seq``), so recovery replays each store from its own position and
@@ -26,7 +27,6 @@ from __future__ import annotations
 import base64
 import fcntl
 import logging
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -37,9 +37,10 @@ import numpy as np
 
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
-from engine.store.index_dir import WAL_FILE, IndexDirError, dense_checkpoint_path, latest_dense, publish
+from engine.retrieval.dense import DenseRetriever
+from engine.store.index_dir import WAL_FILE, IndexDirError, latest_dense, publish
 from engine.store.tokens import TextTokenizer
-from engine.store.wal import WriteAheadLog, fsync_dir
+from engine.store.wal import WriteAheadLog
 from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class LiveIndex:
         self._pending: list[dict] = []
         self._latest: dict[str, dict] = {}  # document id -> its newest unapplied record
         self.wal = WriteAheadLog(self.index_dir / WAL_FILE)
-        self.seq, self.dense_seq = 0, latest_dense(self.index_dir)[1]
+        self.seq, self.dense_seq = 0, latest_dense(self.index_dir).seq
         self.applied: dict[str, int] = {}  # store -> the last record it holds (in memory)
         self.tokenizer = _store_tokenizer(engine)
         self.refresh_error: str | None = None
@@ -323,36 +324,44 @@ class LiveIndex:
         self.engine.bm25.commit(seq)
         publish(self.index_dir, seq)
 
-    def checkpoint(self) -> dict:
-        """Make every store durable on its own and empty the log (``hybrid-search compact``)."""
+    def checkpoint(self, merge: bool = False) -> dict:
+        """Make every store durable on its own and empty the log; ``merge``: the dense writes merged
+        into a new base whatever their size (``hybrid-search compact``)."""
         started = time.perf_counter()
         with self._write:
             applied = self._apply_pending()
             seq, engine = self.seq, self.engine
             engine.bm25.commit(seq)
-            if seq != self.dense_seq:
-                target = dense_checkpoint_path(self.index_dir, seq)
-                tmp = target.with_suffix(".tmp")
-                try:
-                    with engine.view_lock.reading():
-                        engine.dense.save(tmp)
-                    with open(tmp, "rb") as fh:
-                        os.fsync(fh.fileno())
-                except BaseException:  # a full disk: leave no partial file behind (the log still holds it all)
-                    tmp.unlink(missing_ok=True)
-                    raise
-                os.replace(tmp, target)
-                fsync_dir(self.index_dir)
-                for older in self.index_dir.glob("dense*.faiss"):
-                    if older != target:
-                        older.unlink()
+            dense = {}
+            if seq != self.dense_seq or (merge and engine.dense.segments.checkpoint.delta is not None):
+                with engine.view_lock.reading():
+                    dense = engine.dense.segments.write(self.index_dir, seq, merge)
+                if dense["merged"]:  # the merged base replaces the writer's own view too, mapped
+                    self._reopen_dense(dense["checkpoint"])
                 self.dense_seq = seq
             engine.store.checkpoint()
             logged = self.wal.size
             self.wal.reset()
             if self.followed:
                 publish(self.index_dir, seq)
-        return {"seq": seq, "log_bytes": logged, "applied": applied, "seconds": round(time.perf_counter() - started, 3)}
+        return {
+            "seq": seq,
+            "log_bytes": logged,
+            "applied": applied,
+            "dense_bytes": dense.get("bytes", 0),
+            "dense_merged": dense.get("merged", False),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+
+    def _reopen_dense(self, checkpoint) -> None:
+        engine = self.engine
+        old = engine.dense
+        dense = DenseRetriever(
+            checkpoint, old.encoder, old.query_encoder, engine.settings.hnsw_ef_search, engine.retrieval_device
+        )
+        dense.units, dense.rows = old.units, old.rows
+        with engine.view_lock.writing():
+            engine.dense = dense
 
     def _refresher(self) -> None:
         while not self._stop.wait(self.refresh_interval_s):

@@ -1,19 +1,20 @@
 """Dense retrieval: a sentence-transformers encoder and a FAISS inner-product index.
 
-Embeddings are L2-normalised, so inner product is cosine similarity. ``flat`` is exact and right
-for corpora up to about a million documents on CPU; ``hnsw`` trades a little recall for
-sub-linear search on larger ones.
+Embeddings are L2-normalised, so inner product is cosine similarity. ``flat`` is exact, an
+inverted file (IVF, the default from 200,000 chunks: index_build/dense_index.py) probes a few
+lists, ``hnsw`` a graph. What a server searches is a base and the writes since it
+(:mod:`engine.retrieval.segments`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.store.index_dir import DOCS_FILE, IndexDirError
+from engine.retrieval.segments import DenseSegments
+from engine.store.index_dir import DOCS_FILE, DenseCheckpoint, IndexDirError
 
 if TYPE_CHECKING:
     from engine.retrieval.encoder import QueryEncoder
@@ -128,55 +129,30 @@ class Rows:
 EXACT_WITHIN = 20_000  # a filter's rows an inverted file scores one by one rather than by its lists
 
 
-def _mapped(path: Path) -> int:
-    """FAISS's read flags that map the file's vectors rather than copy them, so the processes serving
-    one index share its pages (a writer reads a copy it can change): a flat index's codes, or an
-    inverted file's lists, whose files open with FAISS's ``Iw`` tag (figures: docs/scale.md)."""
-    import faiss
-
-    with open(path, "rb") as fh:
-        inverted = fh.read(2) == b"Iw"
-    return (faiss.IO_FLAG_MMAP if inverted else faiss.IO_FLAG_MMAP_IFC) | faiss.IO_FLAG_READ_ONLY
-
-
 class DenseRetriever:
-    """Encodes queries and searches the dense index by store row.
+    """Encodes queries and searches the dense index (:class:`DenseSegments`) by store row.
 
     Searches and ``encode_query`` are thread-safe reads; ``add`` and ``remove`` must not run beside
-    searches (the live index applies writes under its refresh lock). A writable retriever searches
-    the CPU index, which writes change in place; a read-only one may move to the GPU. ``encoder`` is
-    the sentence-transformers model (batches of texts), ``query_encoder`` what encodes one query
-    (:func:`engine.retrieval.encoder.load_query_encoder`).
+    searches (the live index applies writes under its view lock). ``encoder`` is the
+    sentence-transformers model (batches of texts), ``query_encoder`` what encodes one query
+    (:func:`engine.retrieval.encoder.load_query_encoder`). ``segments``: the checkpoint already
+    opened (a follower's); by default ``checkpoint`` is.
     """
 
     def __init__(
         self,
-        faiss_path: str | Path,
+        checkpoint: DenseCheckpoint,
         encoder,
         query_encoder: QueryEncoder,
         ef_search: int = 128,
         device: str = "cpu",
-        writable: bool = False,
+        segments: DenseSegments | None = None,
     ) -> None:
-        import faiss
-
-        try:
-            index = faiss.read_index(str(faiss_path), 0 if writable else _mapped(Path(faiss_path)))
-        except RuntimeError as exc:  # FAISS's message ends with what it could not read
-            cause = str(exc).rsplit("Error: ", 1)[-1].strip()
-            raise IndexDirError(f"{faiss_path}: unreadable dense index ({cause}); rebuild the index") from None
-        # by store row: flat and HNSW through an id map; an inverted file holds the rows itself (an id
-        # map over it loses its way at the first removal), with a hash-table direct map to read vectors back
-        self._ivf = None if isinstance(index, faiss.IndexIDMap2) else faiss.try_extract_index_ivf(index)
-        if not isinstance(index, faiss.IndexIDMap2) and self._ivf is None:
-            raise IndexDirError(f"{faiss_path}: not an id-mapped index (built before format 2); rebuild the index")
-        base = faiss.downcast_index(index.index) if self._ivf is None else self._ivf
-        self._base = base
-        if hasattr(base, "hnsw"):
-            base.hnsw.efSearch = ef_search
-        self.path = Path(faiss_path)
-        self._index = index
-        self._fast, self.backend = (index, "faiss-cpu") if writable else place_index(index, device)
+        self.segments = segments or DenseSegments(checkpoint)
+        if hasattr(self.segments.kind, "hnsw"):
+            self.segments.kind.hnsw.efSearch = ef_search
+        self.path = checkpoint.base
+        self._fast, self.backend = place_index(self.segments.base, device)  # the base never changes
         self.units: dict[int, str] = {}  # row -> unit id
         self.rows: dict[str, int] = {}  # unit id -> row: the live set
         self.encoder = encoder
@@ -185,7 +161,7 @@ class DenseRetriever:
     def bind(self, units: dict[int, str]) -> None:
         """Name the rows (the document store's map); refuses an index whose rows are not the store's,
         which would answer with the wrong documents or none."""
-        ids = np.sort(self.row_ids())
+        ids = np.sort(self.segments.row_ids())
         rows = np.sort(np.fromiter(units, dtype=np.int64, count=len(units)))
         if not np.array_equal(ids, rows):
             strays = len(np.setdiff1d(ids, rows)) + len(np.setdiff1d(rows, ids))
@@ -198,10 +174,10 @@ class DenseRetriever:
 
     @property
     def accepts_deletes(self) -> bool:
-        """Exact (flat) and inverted-file (IVF) indexes can drop single vectors; HNSW graphs cannot."""
+        """Exact (flat) and inverted-file (IVF) bases can be merged with removals; HNSW graphs cannot."""
         import faiss
 
-        return isinstance(self._base, (faiss.IndexFlat, faiss.IndexIVF))
+        return isinstance(self.segments.kind, (faiss.IndexFlat, faiss.IndexIVF))
 
     def encode_query(self, query: str) -> np.ndarray:
         """The query's (1, dim) embedding."""
@@ -210,80 +186,53 @@ class DenseRetriever:
     def search(self, vector: np.ndarray, k: int, allowed_rows: Rows | None = None) -> list[tuple[str, float]]:
         """Top ``k`` (unit id, cosine similarity) for an encoded query, best first; ``allowed_rows``
         restricts the search itself (a FAISS id selector), so a narrow filter still fills ``k``."""
-        import faiss
-
+        segments = self.segments
         if allowed_rows is None:
             if not self.units:  # an empty index (`init`): FAISS refuses k = 0
                 return []
-            scores, rows = self._fast.search(vector, min(k, len(self.units)))
+            scores, rows = segments.search(vector, min(k, len(self.units)), fast=self._fast)
         elif len(allowed_rows) == 0:
             return []
-        elif self._ivf is not None:
-            return self._search_ivf_within(vector, k, allowed_rows)
-        else:
-            params = faiss.SearchParameters(sel=allowed_rows.selector())
-            scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
-        return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+        elif segments.ivf is not None and len(allowed_rows) <= EXACT_WITHIN:
+            return self._score_within(vector, k, allowed_rows)
+        else:  # an inverted file widens its probes by the share of the index the filter leaves out
+            ivf = segments.ivf
+            nprobe = None if ivf is None else min(ivf.nlist, ivf.nprobe * -(-ivf.ntotal // len(allowed_rows)))
+            scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), nprobe)
+        return [(self.units[r], float(s)) for r, s in zip(rows.tolist(), scores.tolist(), strict=True) if r >= 0]
 
-    def _search_ivf_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
-        """An inverted file probes a few lists, and a filter's rows are mostly in others: a few rows
-        are scored exactly (read back by row), many are searched with the probes widened in
-        proportion to how much of the index they leave out."""
-        import faiss
-
-        if len(allowed_rows) <= EXACT_WITHIN:  # only the rows this view holds can be read back
-            ids = np.asarray([r for r in allowed_rows.ids.tolist() if r in self.units], dtype=np.int64)
-            if not len(ids):
-                return []
-            scores = self._index.reconstruct_batch(ids) @ vector.reshape(-1)
-            top = np.argsort(-scores, kind="stable")[:k]
-            return [(self.units[int(ids[i])], float(scores[i])) for i in top]
-        nprobe = min(self._ivf.nlist, self._ivf.nprobe * -(-self._ivf.ntotal // len(allowed_rows)))
-        params = faiss.SearchParametersIVF(sel=allowed_rows.selector(), nprobe=nprobe)  # rows it lacks match none
-        scores, rows = self._index.search(vector, min(k, len(allowed_rows)), params=params)
-        return [(self.units[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+    def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
+        """An inverted file probes a few lists, and a filter's rows are mostly in others: a few
+        thousand rows are scored exactly, read back by row (only those this view holds)."""
+        ids = np.asarray([r for r in allowed_rows.ids.tolist() if r in self.units], dtype=np.int64)
+        if not len(ids):
+            return []
+        scores = self.segments.reconstruct(ids) @ vector.reshape(-1)
+        top = np.argsort(-scores, kind="stable")[:k]
+        return [(self.units[int(ids[i])], float(scores[i])) for i in top]
 
     def similarity(self, vector: np.ndarray, unit_ids: list[str]) -> list[float]:
         """Cosine of the query and each chunk (read back from the index by row)."""
-        vectors = np.vstack([self._index.reconstruct(int(self.rows[u])) for u in unit_ids]) if unit_ids else None
-        return [] if vectors is None else [float(x) for x in vectors @ vector.reshape(-1)]
+        if not unit_ids:
+            return []
+        vectors = self.segments.reconstruct(np.asarray([self.rows[u] for u in unit_ids], dtype=np.int64))
+        return [float(x) for x in vectors @ vector.reshape(-1)]
 
     def add(self, rows: list[int], vectors: np.ndarray, unit_ids: list[str]) -> None:
-        self._index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(rows, dtype=np.int64))
+        self.segments.add(rows, vectors)
         self.units.update(zip(rows, unit_ids, strict=True))
         self.rows.update(zip(unit_ids, rows, strict=True))
 
+    def remove(self, rows: list[int]) -> None:
+        self.segments.remove(rows)
+        for row in rows:
+            self.rows.pop(self.units.pop(row, None), None)
+
     def row_ids(self) -> np.ndarray:
         """The rows (store ids) the index holds vectors for."""
-        import faiss
-
-        if self._ivf is None:
-            return faiss.vector_to_array(self._index.id_map)
-        lists = self._ivf.invlists
-        held = [lists.list_size(n) for n in range(self._ivf.nlist)]
-        return np.concatenate(
-            [np.zeros(0, dtype=np.int64)]
-            + [faiss.rev_swig_ptr(lists.get_ids(n), size).copy() for n, size in enumerate(held) if size]
-        )
+        return self.segments.row_ids()
 
     def vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every stored vector and its row, in the index's order (what a corpus graph is made of)."""
+        """Every stored vector and its row (what a corpus graph is made of)."""
         rows = self.row_ids()
-        if self._ivf is not None:
-            return rows, np.vstack([self._index.reconstruct(int(r)) for r in rows])
-        return rows, self._base.reconstruct_n(0, self._base.ntotal)
-
-    def remove(self, rows: list[int]) -> None:
-        import faiss
-
-        if rows:
-            ids = np.asarray(rows, dtype=np.int64)  # an IVF's hash map removes from an array of ids only
-            selector = faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids)) if self._ivf is not None else None
-            self._index.remove_ids(selector or faiss.IDSelectorBatch(ids))
-            for row in rows:
-                self.rows.pop(self.units.pop(row, None), None)
-
-    def save(self, path: Path) -> None:
-        import faiss
-
-        faiss.write_index(self._index, str(path))
+        return rows, self.segments.reconstruct(rows)

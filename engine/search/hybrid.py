@@ -95,10 +95,8 @@ class HybridEngine:
             settings.query_encoder_runtime,
             settings.query_encoder_quantize,
         )
-        dense_path, dense_seq = latest_dense(index_dir)
-        self.dense = DenseRetriever(
-            dense_path, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device, writable
-        )
+        checkpoint = latest_dense(index_dir)
+        self.dense = DenseRetriever(checkpoint, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device)
         if writable and not self.dense.accepts_deletes:
             raise IndexDirError(
                 f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
@@ -114,7 +112,7 @@ class HybridEngine:
         elif follow is not None:
             self.live, self.follower = follow, Follower(self)
         else:
-            self._check_settled(index_dir, dense_seq)
+            self._check_settled(index_dir, checkpoint.seq)
             self.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)

@@ -6,7 +6,7 @@ and optionally ``memory/`` (the judgment memory), ``fusion/`` (the learned fusio
 a build without judgments learned from the documents: its card, report and corpus graph),
 ``reranker/``, ``tokens/`` (token ids for a reranker whose tokenizer is not the one the store's are for) and,
 once documents were written to it live, ``wal.log`` (the write-ahead log) with
-``dense-<seq>.faiss`` checkpoints. The manifest is
+``dense-<seq>.faiss`` and ``delta-<base>-<seq>.npz`` checkpoints. The manifest is
 written last, inside a temporary folder that is renamed into place, so a directory with a manifest
 is complete.
 """
@@ -96,23 +96,48 @@ def read_manifest(index_dir: Path) -> Manifest:
     for part in (BM25_DIR, DOCS_FILE):
         if not (Path(index_dir) / part).exists():
             raise IndexDirError(f"{index_dir}: {part} is missing; rebuild the index")
-    if not latest_dense(index_dir)[0].exists():
+    if not latest_dense(index_dir).base.exists():
         raise IndexDirError(f"{index_dir}: {DENSE_FILE} is missing; rebuild the index")
     return manifest
 
 
-def dense_checkpoint_path(index_dir: Path, seq: int) -> Path:
-    """The dense index holding every logged write up to ``seq`` (0: as built)."""
+@dataclass(frozen=True)
+class DenseCheckpoint:
+    """The dense index as of write ``seq``: a base file and, when writes came after it, the delta
+    file holding them (:mod:`engine.retrieval.segments`)."""
+
+    base: Path
+    seq: int
+    delta: Path | None = None
+
+    @property
+    def base_seq(self) -> int:
+        return _seq(self.base)
+
+
+def base_path(index_dir: Path, seq: int) -> Path:
+    """The base dense index holding every logged write up to ``seq`` (0: as built)."""
     return Path(index_dir) / (DENSE_FILE if seq == 0 else f"dense-{seq:012d}.faiss")
 
 
-def latest_dense(index_dir: Path) -> tuple[Path, int]:
-    """The newest dense checkpoint and the log position it holds."""
-    found = [(int(p.stem.split("-")[1]), p) for p in Path(index_dir).glob("dense-*.faiss")]
-    if found:
-        seq, path = max(found)
-        return path, seq
-    return Path(index_dir) / DENSE_FILE, 0
+def delta_path(index_dir: Path, base_seq: int, seq: int) -> Path:
+    """The writes from base ``base_seq`` up to ``seq``."""
+    return Path(index_dir) / f"delta-{base_seq:012d}-{seq:012d}.npz"
+
+
+def _seq(path: Path) -> int:
+    return 0 if path.name == DENSE_FILE else int(path.name.split(".")[0].split("-")[-1])
+
+
+def latest_dense(index_dir: Path) -> DenseCheckpoint:
+    """The newest dense checkpoint: the newest base and its newest delta (one left by a merge
+    that stopped before removing it names an older base and is not read)."""
+    bases = [(int(p.stem.split("-")[1]), p) for p in Path(index_dir).glob("dense-*.faiss")]
+    base_seq, base = max(bases) if bases else (0, Path(index_dir) / DENSE_FILE)
+    deltas = [_seq(p) for p in Path(index_dir).glob(f"delta-{base_seq:012d}-*.npz")]
+    if deltas and max(deltas) > base_seq:
+        return DenseCheckpoint(base, max(deltas), delta_path(index_dir, base_seq, max(deltas)))
+    return DenseCheckpoint(base, base_seq)
 
 
 def publish(index_dir: Path, seq: int) -> None:

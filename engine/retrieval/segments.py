@@ -1,0 +1,249 @@
+"""The dense index as searched: a base and the writes since it.
+
+The base is a checkpointed FAISS index, memory-mapped read-only, so every process serving one
+index shares its pages and none ever changes it. The writes since live beside it: added rows in a
+small exact delta, removed base rows as tombstones that searches skip through a FAISS selector.
+A write therefore costs its own rows (before, a removal was FAISS's ``remove_ids``, a pass over
+every vector under the lock searches wait on), and a checkpoint writes the delta and the
+tombstones, bytes in proportion to the writes since the base, not the index. When they outgrow a
+share of the base (``MERGE_SHARE``) a checkpoint merges them into a new base.
+
+Files (the index directory's contract, :mod:`engine.store.index_dir`): ``dense.faiss`` or
+``dense-<seq>.faiss`` (a base holding every write up to ``seq``) and ``delta-<base>-<seq>.npz``
+(the rows added and removed since base ``base``, up to ``seq``): NumPy's own format, with
+``rows`` (int64), ``vectors`` (float32, a row each) and ``removed`` (int64 base rows).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from engine.store.index_dir import DenseCheckpoint, IndexDirError, base_path, delta_path
+from engine.store.wal import fsync_dir
+
+MERGE_SHARE = 0.05  # a checkpoint merges once the writes since the base change this share of it ...
+MERGE_MIN = 20_000  # ... and at least this many rows (a delta this size costs a search well under 1 ms)
+
+
+def _mapped(path: Path) -> int:
+    """FAISS's read flags that map the file's vectors rather than copy them: a flat index's codes,
+    or an inverted file's lists, whose files open with FAISS's ``Iw`` tag (figures: docs/scale.md)."""
+    import faiss
+
+    with open(path, "rb") as fh:
+        inverted = fh.read(2) == b"Iw"
+    return (faiss.IO_FLAG_MMAP if inverted else faiss.IO_FLAG_MMAP_IFC) | faiss.IO_FLAG_READ_ONLY
+
+
+def read_base(path: Path, mapped: bool = True):
+    """A base index from ``path``, mapped read-only (or a private copy to merge into), or a clear error."""
+    import faiss
+
+    try:
+        return faiss.read_index(str(path), _mapped(path) if mapped else 0)
+    except RuntimeError as exc:  # FAISS's message ends with what it could not read
+        cause = str(exc).rsplit("Error: ", 1)[-1].strip()
+        raise IndexDirError(f"{path}: unreadable dense index ({cause}); rebuild the index") from None
+
+
+class DenseSegments:
+    """One view of the dense index by store row: ``base`` (never changed), ``delta`` and ``removed``.
+
+    Searches are thread-safe reads; ``add`` and ``remove`` run under the engine's view lock."""
+
+    def __init__(self, checkpoint: DenseCheckpoint, base=None) -> None:
+        """``base``: the same checkpoint's base already mapped (a follower reading a newer delta)."""
+        import faiss
+
+        self.checkpoint = checkpoint
+        self.base = base if base is not None else read_base(checkpoint.base)
+        # by store row: flat and HNSW through an id map; an inverted file holds the rows itself (an id
+        # map over it loses its way at the first removal), with a hash-table direct map to read vectors back
+        self.ivf = None if isinstance(self.base, faiss.IndexIDMap2) else faiss.try_extract_index_ivf(self.base)
+        if not isinstance(self.base, faiss.IndexIDMap2) and self.ivf is None:
+            raise IndexDirError(f"{checkpoint.base}: not an id-mapped index (built before format 2); rebuild the index")
+        self.kind = self.ivf if self.ivf is not None else faiss.downcast_index(self.base.index)
+        self.delta = faiss.IndexIDMap2(faiss.IndexFlatIP(self.base.d))
+        self.delta_rows: set[int] = set()
+        self.removed: set[int] = set()
+        self._skip = None  # the selector that skips ``removed``, made once per change
+        if checkpoint.delta is not None:
+            self._read_delta(checkpoint.delta)
+
+    def _read_delta(self, path: Path) -> None:
+        try:
+            with np.load(path) as saved:
+                rows, vectors, removed = saved["rows"], saved["vectors"], saved["removed"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise IndexDirError(f"{path}: unreadable dense delta ({exc}); run `hybrid-search compact`") from None
+        self.remove(removed.tolist())
+        self.add(rows, vectors)
+
+    @property
+    def ntotal(self) -> int:
+        return self.base.ntotal - len(self.removed) + self.delta.ntotal
+
+    def _params(self, selector, nprobe: int | None = None):
+        import faiss
+
+        if self.ivf is not None:
+            return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe or self.ivf.nprobe)
+        if hasattr(self.kind, "hnsw"):
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.kind.hnsw.efSearch)
+        return faiss.SearchParameters(sel=selector)
+
+    def skip_removed(self):
+        """A selector of every base row not removed (None: none is)."""
+        import faiss
+
+        if self.removed and self._skip is None:
+            batch = faiss.IDSelectorBatch(np.fromiter(self.removed, dtype=np.int64, count=len(self.removed)))
+            self._skip = (faiss.IDSelectorNot(batch), batch)  # the Not holds a pointer: keep its target alive
+        return self._skip[0] if self.removed else None
+
+    def search(self, vector: np.ndarray, k: int, selector=None, nprobe: int | None = None, fast=None):
+        """Top ``k`` (scores, rows) over base and delta, best first; ``selector``: the rows allowed
+        (a filter's, all held by this view's store, so none removed), else every row not removed.
+        ``fast``: what searches the base when nothing is removed and nothing filtered (the GPU)."""
+        if selector is None and not self.removed and fast is not None:
+            scores, rows = fast.search(vector, min(k, self.base.ntotal)) if self.base.ntotal else _none()
+        else:
+            sel = selector if selector is not None else self.skip_removed()
+            held = self.base.ntotal if selector is not None else self.base.ntotal - len(self.removed)
+            if not held:
+                scores, rows = _none()
+            elif sel is None:
+                scores, rows = self.base.search(vector, min(k, held))
+            else:
+                scores, rows = self.base.search(vector, min(k, held), params=self._params(sel, nprobe))
+        if not self.delta.ntotal:
+            return scores[0], rows[0]
+        params = self._params(selector) if selector is not None else None
+        if params is not None and self.ivf is not None:  # the delta is flat: plain parameters
+            import faiss
+
+            params = faiss.SearchParameters(sel=selector)
+        more_scores, more_rows = self.delta.search(vector, min(k, self.delta.ntotal), params=params)
+        scores, rows = np.concatenate([scores[0], more_scores[0]]), np.concatenate([rows[0], more_rows[0]])
+        order = np.argsort(-scores, kind="stable")[:k]
+        return scores[order], rows[order]
+
+    def reconstruct(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``rows`` (each held by this view)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.base.d), dtype=np.float32)
+        fresh = np.fromiter((int(r) in self.delta_rows for r in rows), dtype=bool, count=len(rows))
+        if fresh.any():
+            out[fresh] = self.delta.reconstruct_batch(rows[fresh])
+        if not fresh.all():
+            out[~fresh] = self.base.reconstruct_batch(rows[~fresh])
+        return out
+
+    def add(self, rows, vectors: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows):
+            self.delta.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), rows)
+            self.delta_rows.update(rows.tolist())
+
+    def remove(self, rows: list[int]) -> None:
+        """Drop ``rows`` (each held): a delta row leaves the delta, a base row becomes a tombstone."""
+        import faiss
+
+        fresh = {r for r in rows if r in self.delta_rows}
+        if fresh:
+            self.delta.remove_ids(faiss.IDSelectorBatch(np.fromiter(fresh, dtype=np.int64, count=len(fresh))))
+            self.delta_rows -= fresh
+        based = [r for r in rows if r not in fresh]
+        if based:
+            self.removed.update(based)
+            self._skip = None
+
+    def base_rows(self) -> np.ndarray:
+        """The rows the base holds vectors for (removed ones included)."""
+        import faiss
+
+        if self.ivf is None:
+            return faiss.vector_to_array(self.base.id_map)
+        lists = self.ivf.invlists
+        held = [lists.list_size(n) for n in range(self.ivf.nlist)]
+        return np.concatenate(
+            [np.zeros(0, dtype=np.int64)]
+            + [faiss.rev_swig_ptr(lists.get_ids(n), size).copy() for n, size in enumerate(held) if size]
+        )
+
+    def row_ids(self) -> np.ndarray:
+        """The rows this view holds vectors for."""
+        import faiss
+
+        base = self.base_rows()
+        if self.removed:
+            base = base[~np.isin(base, np.fromiter(self.removed, dtype=np.int64, count=len(self.removed)))]
+        return np.concatenate([base, faiss.vector_to_array(self.delta.id_map)])
+
+    def write(self, index_dir: Path, seq: int, merge: bool = False) -> dict:
+        """Make this view durable as the checkpoint at ``seq``: the delta and tombstones since the base,
+        or a new base when ``merge`` or once they outgrow ``MERGE_SHARE`` of it. Returns what was
+        written and the checkpoint that now holds it (readers open that; older files are removed)."""
+        import faiss
+
+        changed = self.delta.ntotal + len(self.removed)
+        merge = merge or changed >= max(MERGE_MIN, MERGE_SHARE * self.base.ntotal)
+        if merge:
+            merged = read_base(self.checkpoint.base, mapped=False)
+            if self.removed:
+                ids = np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))
+                # an inverted file's hash map removes from an array of ids only
+                merged.remove_ids(
+                    faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids)) if self.ivf else faiss.IDSelectorBatch(ids)
+                )
+            if self.delta.ntotal:
+                delta_ids = faiss.vector_to_array(self.delta.id_map)
+                merged.add_with_ids(self.delta.index.reconstruct_n(0, self.delta.ntotal), delta_ids)
+            checkpoint = DenseCheckpoint(base_path(index_dir, seq), seq, None)
+            written = _durably(checkpoint.base, lambda tmp: faiss.write_index(merged, str(tmp)))
+        else:
+            checkpoint = DenseCheckpoint(
+                self.checkpoint.base, seq, delta_path(index_dir, self.checkpoint.base_seq, seq)
+            )
+            delta_ids = faiss.vector_to_array(self.delta.id_map)
+            vectors = self.delta.index.reconstruct_n(0, self.delta.ntotal) if self.delta.ntotal else None
+            arrays = {
+                "rows": delta_ids,
+                "vectors": vectors if vectors is not None else np.zeros((0, self.base.d), dtype=np.float32),
+                "removed": np.fromiter(sorted(self.removed), dtype=np.int64, count=len(self.removed)),
+            }
+            written = _durably(checkpoint.delta, lambda tmp: _save_npz(tmp, arrays))
+            self.checkpoint = checkpoint  # the same view, now durable as this checkpoint
+        fsync_dir(index_dir)
+        keep = {checkpoint.base, checkpoint.delta}
+        for older in [*index_dir.glob("dense*.faiss"), *index_dir.glob("delta-*.npz")]:
+            if older not in keep:
+                older.unlink()
+        return {"checkpoint": checkpoint, "bytes": written, "merged": merge, "rows_changed": changed}
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _durably(target: Path, write) -> int:
+    """``write(tmp)`` then fsync and rename over ``target``; returns the bytes written. A failure
+    (a full disk) leaves no partial file: the log still holds every write."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, target)
+    return target.stat().st_size
+
+
+def _none() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((1, 0), dtype=np.float32), np.zeros((1, 0), dtype=np.int64)

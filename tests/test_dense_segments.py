@@ -1,0 +1,93 @@
+"""The dense index as a mapped base and the writes since it (engine/retrieval/segments.py), on
+real FAISS indexes, flat and inverted-file, written live through the engine's writer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.settings import EngineSettings
+from index_build.settings import BuildSettings
+
+QUERIES = ["caffeine and the liver", "zanzibar clove harvest", "soy isoflavones and prostate cancer", "coffee"]
+
+
+def _engine(index_dir: Path, **kwargs):
+    from engine.search import HybridEngine
+
+    return HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False, fusion="rrf"), **kwargs)
+
+
+def _answers(engine) -> dict[str, list[tuple[str, float]]]:
+    return {
+        q: [(unit, round(score, 4)) for unit, score in engine.dense.search(engine.dense.encode_query(q), 12)]
+        for q in QUERIES
+    }
+
+
+def _mapped(path: Path) -> bool:
+    """Whether this process maps ``path`` (a FAISS read with the mmap flags)."""
+    return str(path.resolve()) in Path("/proc/self/maps").read_text()
+
+
+@pytest.fixture(params=["flat", "IVF4,Flat"])
+def dense_dir(request, index_dir, beir_dir, tmp_path) -> Path:
+    target = tmp_path / "dense"
+    if request.param == "flat":
+        shutil.copytree(index_dir, target)
+    else:
+        from index_build.builder import build_index
+
+        settings = EngineSettings(index_dir=target, device="cpu", fusion="rrf")
+        build_index(settings, BuildSettings(data_dir=beir_dir, adapt="none", dense_index="IVF4,Flat"), progress=False)
+    return target
+
+
+def test_writes_since_the_base_cost_their_rows_and_search_as_the_merged_index(dense_dir):
+    from engine.documents import DocumentIn
+
+    base = dense_dir / "dense.faiss"
+    size = base.stat().st_size
+    writer = _engine(dense_dir, writable=True)
+    try:
+        held = writer.dense.segments.base.ntotal
+        gone, replaced = (h.document_id for h in writer.search("caffeine and the liver", 2))
+        writer.live.delete(gone)
+        chunks = [{"chunk_id": "c1", "content": "zanzibar clove harvest yields"}]
+        writer.live.upsert(DocumentIn.model_validate({"document_id": "new-1", "chunks": chunks}))
+        chunks = [{"chunk_id": "c1", "content": "coffee roasting in small batches"}]
+        writer.live.upsert(DocumentIn.model_validate({"document_id": replaced, "chunks": chunks}))
+        writer.live.refresh()
+        segments = writer.dense.segments
+        assert segments.base.ntotal == held and len(segments.removed) >= 2 and segments.delta.ntotal == 2
+        assert _mapped(base)  # the base stays mapped read-only: the writes are beside it
+        live = _answers(writer)
+        assert live["zanzibar clove harvest"][0][0] == "new-1#c1"
+        assert all(not unit.startswith(f"{gone}#") for answers in live.values() for unit, _ in answers)
+
+        written = writer.live.checkpoint()
+        assert not written["dense_merged"] and 0 < written["dense_bytes"] < size / 4
+        assert [p.name for p in dense_dir.glob("dense*.faiss")] == ["dense.faiss"] and base.stat().st_size == size
+    finally:
+        writer.close()
+    reader = _engine(dense_dir)  # the base mapped again, the delta read from its file
+    try:
+        assert _answers(reader) == live
+    finally:
+        reader.close()
+
+    writer = _engine(dense_dir, writable=True)  # `hybrid-search compact`: one base again
+    try:
+        merged = writer.live.checkpoint(merge=True)
+        assert merged["dense_merged"] and not list(dense_dir.glob("delta-*.npz")) and not base.exists()
+        assert writer.dense.segments.base.ntotal == held and not writer.dense.segments.removed
+        assert _answers(writer) == live
+    finally:
+        writer.close()
+    reader = _engine(dense_dir)
+    try:
+        assert _answers(reader) == live  # FAISS's own removal and addition: the same index
+    finally:
+        reader.close()
