@@ -91,3 +91,40 @@ def test_writes_since_the_base_cost_their_rows_and_search_as_the_merged_index(de
         assert _answers(reader) == live  # FAISS's own removal and addition: the same index
     finally:
         reader.close()
+
+
+def test_a_writer_stopped_dead_after_replacing_and_deleting_starts_again(index_dir, tmp_path):
+    """Replayed from the log, a replacement's and a deletion's old rows leave the dense view too
+    (before, a replay skipped them, as no row was named yet, and the writer refused to start)."""
+    import subprocess
+    import sys
+
+    from tests.test_live import _doc
+
+    target = tmp_path / "dead"
+    shutil.copytree(index_dir, target)
+    reader = _engine(target)
+    gone, replaced = (h.document_id for h in reader.search("caffeine and the liver", 2))
+    reader.close()
+    script = f"""
+import os
+from engine.documents import DocumentIn
+from engine.search import HybridEngine
+from engine.settings import EngineSettings
+engine = HybridEngine(EngineSettings(index_dir={str(target)!r}, device="cpu", rerank=False), writable=True)
+engine.live.delete({gone!r}, wait=True)
+engine.live.upsert(DocumentIn.model_validate({_doc(replaced, "quokka marsupial diet")!r}), wait=True)
+os._exit(0)  # no checkpoint: the next start replays the log
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    writer = _engine(target, writable=True)
+    try:
+        assert writer.live.recovery["records"] == 2
+        hits = writer.search("caffeine and the liver", 20)
+        assert gone not in {h.document_id for h in hits}
+        top = writer.dense.search(writer.dense.encode_query("quokka marsupial diet"), 1)[0][0]
+        assert top.startswith(f"{replaced}#")
+        assert len(writer.dense.units) == writer.bm25.documents
+    finally:
+        writer.close()

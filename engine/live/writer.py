@@ -25,11 +25,9 @@ store needs (rows are allocated when the record is written), so replay is determ
 from __future__ import annotations
 
 import base64
-import fcntl
 import logging
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -38,13 +36,12 @@ import numpy as np
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
 from engine.retrieval.dense import DenseRetriever
-from engine.store.index_dir import WAL_FILE, IndexDirError, latest_dense, publish
+from engine.store.index_dir import WAL_FILE, latest_dense, publish
 from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog
 from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
-LOCK_FILE = "writer.lock"
 STORES = ("store", "dense", "lucene")
 
 
@@ -80,43 +77,6 @@ class NotYetSearchable(ServiceError, RuntimeError):
     honoured: 503)."""
 
     status, jsonrpc_code = 503, -32004
-
-
-class ViewLock:
-    """Many searches or one refresh; a waiting refresh goes first, so it waits for at most the
-    searches already running."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writing = False
-        self._waiting = 0
-
-    @contextmanager
-    def reading(self):
-        with self._cond:
-            self._cond.wait_for(lambda: not self._writing and not self._waiting)
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def writing(self):
-        with self._cond:
-            self._waiting += 1
-            self._cond.wait_for(lambda: not self._writing and not self._readers)
-            self._waiting -= 1
-            self._writing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
 
 
 class LiveIndex:
@@ -398,9 +358,10 @@ class LiveIndex:
 
 
 def apply_dense(dense, record: dict) -> None:
-    """One logged write on a dense index: the rows it replaces dropped (those still held: a
-    follower may have dropped them already), its new rows added. The writer's and every follower's."""
-    dense.remove([row for row in record["old_rows"] if row in dense.units])
+    """One logged write on a dense index: the rows it replaces dropped (those it still holds: a
+    follower may have dropped them already, and a replay names none yet), its new rows added. The
+    writer's, a replay's and every follower's."""
+    dense.remove(record["old_rows"])
     if record["op"] == "upsert":
         doc = record["document"]
         vectors = np.frombuffer(base64.b64decode(record["vectors"]), dtype="<f4").reshape(len(record["rows"]), -1)
@@ -430,18 +391,3 @@ def _brief(exc: BaseException) -> str:
 
 def _without_title(chunk: dict) -> dict:
     return {k: v for k, v in chunk.items() if k != "title"}
-
-
-def claim_writer(index_dir: Path):
-    """The index's writer lock (a file lock the OS drops with the process), or a clear error."""
-    path = Path(index_dir) / LOCK_FILE
-    fh = open(path, "a+")  # noqa: SIM115 - held for the writer's life
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise IndexDirError(
-            f"{path.parent}: another process writes this index (a running `hybrid-search serve`?); send documents"
-            " to it with POST /documents, or stop it first"
-        ) from None
-    return fh

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.retrieval.protocol import Query, Ranking, Within
 from engine.retrieval.segments import DenseSegments
 from engine.store.index_dir import DOCS_FILE, DenseCheckpoint, IndexDirError
 
@@ -200,6 +201,10 @@ class DenseRetriever:
             nprobe = None if ivf is None else min(ivf.nlist, ivf.nprobe * -(-ivf.ntotal // len(allowed_rows)))
             scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), nprobe)
         return [(self.units[r], float(s)) for r, s in zip(rows.tolist(), scores.tolist(), strict=True) if r >= 0]
+
+    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+        """:class:`~engine.retrieval.protocol.Retriever`: by the query's vector, a filter by its rows."""
+        return self.search(query.vector, k, within.rows)
 
     def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
         """An inverted file probes a few lists, and a filter's rows are mostly in others: a few

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.retrieval.java import start_jvm
+from engine.retrieval.protocol import Query, Ranking, Within
 from engine.store.index_dir import IndexDirError
 
 _TEXT_FIELD = "(Ljava/lang/String;Ljava/lang/CharSequence;Lorg/apache/lucene/index/IndexableFieldType;)V"
@@ -221,6 +222,11 @@ class LuceneIndex:
         if allowed is not None and len(allowed) > self.filter_terms:
             return self._ranked_within(bag, k, allowed)
         return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k)
+
+    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+        """:class:`~engine.retrieval.protocol.Retriever`: by the query's text, only live chunks
+        (Lucene's view lags the store's when its refresh failed)."""
+        return [hit for hit in self.search(query.text, k, within.allowed) if hit[0] in within.live]
 
     def _top(self, query, k: int) -> list[tuple[str, float]]:
         j = self.j

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.retrieval.protocol import Query, Ranking, Within
 from engine.store.tokens import TextTokenizer, TokenTable
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,11 @@ class JudgmentMemory:
             found = found[[self._docs[i] in allowed for i in found]] if len(found) else found
         best = found[np.lexsort((found, -votes[found]))][:k]  # by vote, ties by id
         return [(self._docs[i], float(votes[i])) for i in best]
+
+    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+        """:class:`~engine.retrieval.protocol.Retriever`: votes by the query's vector, only for the
+        chunks the search may return."""
+        return self.search(query.vector, k, query.exclude, within.live)
 
     def cited_for(self, vector: np.ndarray, doc_id: str, n: int, exclude: str | None = None) -> str:
         """The training queries that judged ``doc_id`` relevant, the ``n`` most similar to ``vector``

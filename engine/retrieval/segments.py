@@ -69,6 +69,7 @@ class DenseSegments:
         self.delta = faiss.IndexIDMap2(faiss.IndexFlatIP(self.base.d))
         self.delta_rows: set[int] = set()
         self.removed: set[int] = set()
+        self._held: np.ndarray | None = None  # the base's rows, sorted: made at the first removal
         self._skip = None  # the selector that skips ``removed``, made once per change
         if checkpoint.delta is not None:
             self._read_delta(checkpoint.delta)
@@ -149,17 +150,23 @@ class DenseSegments:
             self.delta_rows.update(rows.tolist())
 
     def remove(self, rows: list[int]) -> None:
-        """Drop ``rows`` (each held): a delta row leaves the delta, a base row becomes a tombstone."""
+        """Drop ``rows``: a delta row leaves the delta, a base row becomes a tombstone; a row this
+        view does not hold (gone already, or never here) is no change."""
         import faiss
 
         fresh = {r for r in rows if r in self.delta_rows}
         if fresh:
             self.delta.remove_ids(faiss.IDSelectorBatch(np.fromiter(fresh, dtype=np.int64, count=len(fresh))))
             self.delta_rows -= fresh
-        based = [r for r in rows if r not in fresh]
-        if based:
-            self.removed.update(based)
-            self._skip = None
+        rest = np.asarray([r for r in rows if r not in fresh and r not in self.removed], dtype=np.int64)
+        if len(rest):
+            if self._held is None:
+                self._held = np.sort(self.base_rows())
+            at = np.searchsorted(self._held, rest).clip(max=max(len(self._held) - 1, 0))
+            based = rest[self._held[at] == rest] if len(self._held) else rest[:0]
+            if len(based):
+                self.removed.update(based.tolist())
+                self._skip = None
 
     def base_rows(self) -> np.ndarray:
         """The rows the base holds vectors for (removed ones included)."""

@@ -28,6 +28,7 @@ from engine.retrieval.dense import DenseRetriever, encode
 from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
+from engine.retrieval.protocol import Retriever
 from engine.search import stages
 from engine.search.allowed import AllowedSets
 from engine.search.results import AS_LOADED, Hit, Ranking, SearchOptions, StageResult, make_hits
@@ -74,7 +75,8 @@ class HybridEngine:
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
         from engine.live.follower import Follower
-        from engine.live.writer import LiveIndex, ViewLock, claim_writer
+        from engine.live.locks import ViewLock, claim_writer
+        from engine.live.writer import LiveIndex
 
         self.settings = settings
         index_dir = Path(settings.index_dir)
@@ -143,6 +145,11 @@ class HybridEngine:
                 f"{self.bm25.path}: {self.bm25.documents} documents for {len(self.dense.units)} in the store"
                 f" ({DOCS_FILE}); rebuild the index"
             )
+
+    def retrievers(self) -> dict[str, Retriever | None]:
+        """The first-stage retrievers a search runs, by stage name (None: the index has no memory);
+        read per search, since a follower swaps its dense view."""
+        return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         """Dense vectors for new chunks, batched, on the engine's device."""

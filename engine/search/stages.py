@@ -22,6 +22,7 @@ from engine.rerank.cross_encoder import PairScorer
 from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.lucene import IndexClosedError
+from engine.retrieval.protocol import Query, Within
 from engine.search.results import AS_LOADED, Ranking, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.store.docstore import Chunk
@@ -71,22 +72,22 @@ def run_stages(
     with _retriever("dense"):
         vector = engine.dense.encode_query(query)  # before the view lock: a refresh never waits on the encoder
     watch.lap("encode")
+    depths = {"bm25": max(s.bm25_depth, top_k), "dense": max(s.dense_depth, top_k), "memory": s.memory_depth}
     with engine.view_lock.reading():
         allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
-        live = allowed if allowed is not None else engine.dense.rows
-        with _retriever("bm25"):  # only chunks the store holds: Lucene's view lags when its refresh failed
-            bm25 = [hit for hit in engine.bm25.search(query, max(s.bm25_depth, top_k), allowed) if hit[0] in live]
-        watch.lap("bm25")
-        with _retriever("dense"):
-            rows = allowed.rows if allowed is not None else None
-            dense = engine.dense.search(vector, max(s.dense_depth, top_k), rows)
-        watch.lap("dense")
-        memory = engine.memory.search(vector, s.memory_depth, exclude, live) if engine.memory else []
-        watch.lap("memory")
-        rankings = {"bm25": [d for d, _ in bm25], "dense": [d for d, _ in dense], "memory": [d for d, _ in memory]}
+        if allowed is None:
+            within = Within(engine.dense.rows)
+        else:
+            within = Within(allowed, allowed, allowed.rows)
+        asked, found = Query(query, vector, exclude), {}
+        for name, retriever in engine.retrievers().items():  # in the stopwatch's order
+            with _retriever(name):
+                found[name] = retriever.retrieve(asked, depths[name], within) if retriever is not None else []
+            watch.lap(name)
+        bm25, dense, memory = found["bm25"], found["dense"], found["memory"]
+        rankings = {name: [d for d, _ in hits] for name, hits in found.items()}
         weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
         rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
-        found = {"bm25": bm25, "dense": dense, "memory": memory}
         if fusion is not None:
             fused = fusion.rank(query, found, rrf)
         elif engine.adapted is not None:
@@ -113,9 +114,7 @@ def run_stages(
         watch.lap("rerank")
     seconds = watch.stop()
     asked_found = {  # for the stage spans: candidates asked for and found (None: the reranker failed)
-        "bm25": (max(s.bm25_depth, top_k), len(bm25)),
-        "dense": (max(s.dense_depth, top_k), len(dense)),
-        "memory": (s.memory_depth, len(memory)),
+        **{name: (depths[name], len(hits)) for name, hits in found.items()},
         "fusion": (None, len(fused)),
         "rerank": (depth, None if reranked is None else len(reranked)),
     }

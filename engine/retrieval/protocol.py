@@ -1,0 +1,48 @@
+"""What every first-stage retriever answers to, pyserini's ``search(q, k)`` shape: the top ``k``
+(unit id, score) for a query, best first, within what the search may return.
+
+Lucene's BM25, the dense index and the judgment memory each take from a :class:`Query` what they
+search by (its text, its vector) and from :class:`Within` the form of a filter they search fastest
+(unit ids, store rows); a search's stages run them in one loop (``engine/search/stages.py``), so a
+retriever added, or one index split in shards, is one more entry, not another code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Container
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.retrieval.dense import Rows
+
+Ranking = list[tuple[str, float]]
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query as every retriever takes it: its text, its vector (encoded once, before any
+    retriever runs) and, when learning on judged queries, the one whose judgments stay unseen."""
+
+    text: str
+    vector: np.ndarray
+    exclude: str | None = None
+
+
+@dataclass(frozen=True)
+class Within:
+    """What a search may return: ``live`` (a filter's chunks, else every chunk the engine's view
+    holds); a filter's chunks again as ``allowed`` (None: no filter) for a retriever that searches
+    within them itself, and as store ``rows`` for FAISS's selector."""
+
+    live: Container[str]
+    allowed: Collection[str] | None = None
+    rows: Rows | None = None
+
+
+class Retriever(Protocol):
+    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+        """The top ``k`` (unit id, score), best first."""
+        ...
