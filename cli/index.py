@@ -127,9 +127,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compact",
         help="apply and checkpoint logged writes (empties the write-ahead log)",
-        description="Replay the write-ahead log into Lucene, FAISS and SQLite, commit each, and empty the log."
-        " Needed before read-only tools (search, evaluate, bench) open an index that took live writes;"
-        " `serve` does it on a clean stop.",
+        description="Replay the write-ahead log into Lucene, FAISS and SQLite, commit each, and empty the log;"
+        " the dense writes since the base are merged into a new base (a server's own checkpoints write only"
+        " them, and merge once they change 5% of it). Needed before read-only tools (search, evaluate,"
+        " bench) open an index that took live writes; `serve` checkpoints on a clean stop.",
     )
     add_settings(p, WHERE)
     p.set_defaults(run=compact)
@@ -279,6 +280,7 @@ def compact(settings: Settings, args: argparse.Namespace) -> int:
     engine.close()
     print(
         f"checkpointed {settings.engine.index_dir} at write {result['seq']}: replayed {recovered['records']}"
-        f" logged writes, emptied {result['log_bytes']:,} bytes of log in {result['seconds']:.2f} s"
+        f" logged writes, emptied {result['log_bytes']:,} bytes of log"
+        f"{', merged the dense writes into a new base' if result['dense_merged'] else ''} in {result['seconds']:.2f} s"
     )
     return 0
