@@ -23,8 +23,6 @@ import logging
 import threading
 
 from engine.live.writer import apply_dense
-from engine.retrieval.dense import DenseRetriever
-from engine.retrieval.segments import DenseSegments
 from engine.store.index_dir import WAL_FILE, latest_dense, published
 from engine.store.wal import LogTail
 
@@ -77,20 +75,11 @@ class Follower:
         """The newest dense checkpoint, its rows named by the store (which may be ahead of it: rows
         it no longer names are dropped)."""
         checkpoint, engine = latest_dense(self.index_dir), self.engine
-        current = engine.dense.segments
-        same_base = current.checkpoint.base == checkpoint.base
         try:  # the base this follower maps already is not mapped again: only the delta is read
-            segments = DenseSegments(checkpoint, current.base if same_base else None)
+            dense = engine.dense.reopened(checkpoint)
         except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
             log.debug("checkpoint %s went away (%s); the next search catches up", checkpoint.seq, exc)
             return False
-        old = engine.dense
-        device = "cpu" if same_base else engine.retrieval_device  # a base already on the GPU stays there
-        dense = DenseRetriever(
-            checkpoint, old.encoder, old.query_encoder, engine.settings.hnsw_ef_search, device, segments
-        )
-        if same_base:
-            dense._fast, dense.backend = old._fast, old.backend
         units = engine.store.unit_ids_by_row()
         held = dense.row_ids()
         dense.remove([row for row in held if row not in units])

@@ -35,7 +35,6 @@ import numpy as np
 
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
-from engine.retrieval.dense import DenseRetriever
 from engine.store.index_dir import WAL_FILE, latest_dense, publish
 from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog
@@ -315,11 +314,8 @@ class LiveIndex:
 
     def _reopen_dense(self, checkpoint) -> None:
         engine = self.engine
-        old = engine.dense
-        dense = DenseRetriever(
-            checkpoint, old.encoder, old.query_encoder, engine.settings.hnsw_ef_search, engine.retrieval_device
-        )
-        dense.units, dense.rows = old.units, old.rows
+        dense = engine.dense.reopened(checkpoint)
+        dense.units, dense.rows = engine.dense.units, engine.dense.rows  # the merged base holds the same rows
         with engine.view_lock.writing():
             engine.dense = dense
 

@@ -136,8 +136,7 @@ class DenseRetriever:
     Searches and ``encode_query`` are thread-safe reads; ``add`` and ``remove`` must not run beside
     searches (the live index applies writes under its view lock). ``encoder`` is the
     sentence-transformers model (batches of texts), ``query_encoder`` what encodes one query
-    (:func:`engine.retrieval.encoder.load_query_encoder`). ``segments``: the checkpoint already
-    opened (a follower's); by default ``checkpoint`` is.
+    (:func:`engine.retrieval.encoder.load_query_encoder`).
     """
 
     def __init__(
@@ -147,17 +146,27 @@ class DenseRetriever:
         query_encoder: QueryEncoder,
         ef_search: int = 128,
         device: str = "cpu",
-        segments: DenseSegments | None = None,
+        earlier: DenseRetriever | None = None,
     ) -> None:
-        self.segments = segments or DenseSegments(checkpoint)
+        """``earlier``: this process's retriever of an older checkpoint (:meth:`reopened`)."""
+        self.segments = DenseSegments(checkpoint, earlier.segments if earlier is not None else None)
         if hasattr(self.segments.kind, "hnsw"):
             self.segments.kind.hnsw.efSearch = ef_search
         self.path = checkpoint.base
-        self._fast, self.backend = place_index(self.segments.base, device)  # the base never changes
+        if earlier is not None and earlier.segments.base is self.segments.base:  # placed once a base
+            self._fast, self.backend = earlier._fast, earlier.backend
+        else:
+            self._fast, self.backend = place_index(self.segments.base, device)  # the base never changes
         self.units: dict[int, str] = {}  # row -> unit id
         self.rows: dict[str, int] = {}  # unit id -> row: the live set
         self.encoder = encoder
         self.query_encoder = query_encoder
+        self._opened = (ef_search, device)
+
+    def reopened(self, checkpoint: DenseCheckpoint) -> DenseRetriever:
+        """The same encoders on a newer checkpoint (a follower's, the writer's after a merge), its
+        rows not named yet (:meth:`bind`); a base this one maps already is kept, with its placement."""
+        return DenseRetriever(checkpoint, self.encoder, self.query_encoder, *self._opened, earlier=self)
 
     def bind(self, units: dict[int, str]) -> None:
         """Name the rows (the document store's map); refuses an index whose rows are not the store's,

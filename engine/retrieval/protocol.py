@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     from engine.retrieval.dense import Rows
 
-Ranking = list[tuple[str, float]]
+Ranking = list[tuple[str, float]]  # (unit id, score), best first
 
 
 @dataclass(frozen=True)

@@ -54,22 +54,28 @@ class DenseSegments:
 
     Searches are thread-safe reads; ``add`` and ``remove`` run under the engine's view lock."""
 
-    def __init__(self, checkpoint: DenseCheckpoint, base=None) -> None:
-        """``base``: the same checkpoint's base already mapped (a follower reading a newer delta)."""
+    def __init__(self, checkpoint: DenseCheckpoint, earlier: DenseSegments | None = None) -> None:
+        """``earlier``: a view this process opened before; its base, when it is this checkpoint's,
+        is kept (mapped once, its rows listed once), and only the delta is read."""
         import faiss
 
         self.checkpoint = checkpoint
-        self.base = base if base is not None else read_base(checkpoint.base)
-        # by store row: flat and HNSW through an id map; an inverted file holds the rows itself (an id
-        # map over it loses its way at the first removal), with a hash-table direct map to read vectors back
-        self.ivf = None if isinstance(self.base, faiss.IndexIDMap2) else faiss.try_extract_index_ivf(self.base)
-        if not isinstance(self.base, faiss.IndexIDMap2) and self.ivf is None:
-            raise IndexDirError(f"{checkpoint.base}: not an id-mapped index (built before format 2); rebuild the index")
-        self.kind = self.ivf if self.ivf is not None else faiss.downcast_index(self.base.index)
+        if earlier is not None and earlier.checkpoint.base == checkpoint.base:
+            self.base, self.ivf, self.kind, self.held = earlier.base, earlier.ivf, earlier.kind, earlier.held
+        else:
+            self.base = read_base(checkpoint.base)
+            # by store row: flat and HNSW through an id map; an inverted file holds the rows itself (an id
+            # map over it loses its way at the first removal), with a hash-table direct map to read vectors back
+            self.ivf = None if isinstance(self.base, faiss.IndexIDMap2) else faiss.try_extract_index_ivf(self.base)
+            if not isinstance(self.base, faiss.IndexIDMap2) and self.ivf is None:
+                raise IndexDirError(
+                    f"{checkpoint.base}: not an id-mapped index (built before format 2); rebuild the index"
+                )
+            self.kind = self.ivf if self.ivf is not None else faiss.downcast_index(self.base.index)
+            self.held = np.sort(self._base_rows())  # the base's rows: what a removal may mark
         self.delta = faiss.IndexIDMap2(faiss.IndexFlatIP(self.base.d))
         self.delta_rows: set[int] = set()
         self.removed: set[int] = set()
-        self._held: np.ndarray | None = None  # the base's rows, sorted: made at the first removal
         self._skip = None  # the selector that skips ``removed``, made once per change
         if checkpoint.delta is not None:
             self._read_delta(checkpoint.delta)
@@ -122,11 +128,9 @@ class DenseSegments:
                 scores, rows = self.base.search(vector, min(k, held), params=self._params(sel, nprobe))
         if not self.delta.ntotal:
             return scores[0], rows[0]
-        params = self._params(selector) if selector is not None else None
-        if params is not None and self.ivf is not None:  # the delta is flat: plain parameters
-            import faiss
+        import faiss
 
-            params = faiss.SearchParameters(sel=selector)
+        params = faiss.SearchParameters(sel=selector) if selector is not None else None  # the delta is flat
         more_scores, more_rows = self.delta.search(vector, min(k, self.delta.ntotal), params=params)
         scores, rows = np.concatenate([scores[0], more_scores[0]]), np.concatenate([rows[0], more_rows[0]])
         order = np.argsort(-scores, kind="stable")[:k]
@@ -135,6 +139,8 @@ class DenseSegments:
     def reconstruct(self, rows: np.ndarray) -> np.ndarray:
         """The stored vectors of ``rows`` (each held by this view)."""
         rows = np.asarray(rows, dtype=np.int64)
+        if not self.delta_rows:
+            return self.base.reconstruct_batch(rows)
         out = np.empty((len(rows), self.base.d), dtype=np.float32)
         fresh = np.fromiter((int(r) in self.delta_rows for r in rows), dtype=bool, count=len(rows))
         if fresh.any():
@@ -159,17 +165,15 @@ class DenseSegments:
             self.delta.remove_ids(faiss.IDSelectorBatch(np.fromiter(fresh, dtype=np.int64, count=len(fresh))))
             self.delta_rows -= fresh
         rest = np.asarray([r for r in rows if r not in fresh and r not in self.removed], dtype=np.int64)
-        if len(rest):
-            if self._held is None:
-                self._held = np.sort(self.base_rows())
-            at = np.searchsorted(self._held, rest).clip(max=max(len(self._held) - 1, 0))
-            based = rest[self._held[at] == rest] if len(self._held) else rest[:0]
+        if len(rest) and len(self.held):
+            at = np.searchsorted(self.held, rest).clip(max=len(self.held) - 1)
+            based = rest[self.held[at] == rest]
             if len(based):
                 self.removed.update(based.tolist())
                 self._skip = None
 
-    def base_rows(self) -> np.ndarray:
-        """The rows the base holds vectors for (removed ones included)."""
+    def _base_rows(self) -> np.ndarray:
+        """The rows the base holds vectors for, in its order."""
         import faiss
 
         if self.ivf is None:
@@ -185,7 +189,7 @@ class DenseSegments:
         """The rows this view holds vectors for."""
         import faiss
 
-        base = self.base_rows()
+        base = self.held
         if self.removed:
             base = base[~np.isin(base, np.fromiter(self.removed, dtype=np.int64, count=len(self.removed)))]
         return np.concatenate([base, faiss.vector_to_array(self.delta.id_map)])

@@ -28,10 +28,10 @@ from engine.retrieval.dense import DenseRetriever, encode
 from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
-from engine.retrieval.protocol import Retriever
+from engine.retrieval.protocol import Ranking, Retriever
 from engine.search import stages
 from engine.search.allowed import AllowedSets
-from engine.search.results import AS_LOADED, Hit, Ranking, SearchOptions, StageResult, make_hits
+from engine.search.results import AS_LOADED, Hit, SearchOptions, StageResult, make_hits
 from engine.settings import EngineSettings
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (

@@ -8,9 +8,8 @@ import numpy as np
 
 from engine.fusion.learned import LearnedFusion
 from engine.rerank.cross_encoder import Scorer
+from engine.retrieval.protocol import Ranking
 from engine.store.docstore import Chunk
-
-Ranking = list[tuple[str, float]]
 
 
 @dataclass

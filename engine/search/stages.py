@@ -22,8 +22,8 @@ from engine.rerank.cross_encoder import PairScorer
 from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.lucene import IndexClosedError
-from engine.retrieval.protocol import Query, Within
-from engine.search.results import AS_LOADED, Ranking, SearchOptions, StageResult
+from engine.retrieval.protocol import Query, Ranking, Within
+from engine.search.results import AS_LOADED, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.store.docstore import Chunk
 
