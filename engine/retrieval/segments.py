@@ -89,10 +89,6 @@ class DenseSegments:
         self.remove(removed.tolist())
         self.add(rows, vectors)
 
-    @property
-    def ntotal(self) -> int:
-        return self.base.ntotal - len(self.removed) + self.delta.ntotal
-
     def _params(self, selector, nprobe: int | None = None):
         import faiss
 
