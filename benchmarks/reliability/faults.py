@@ -598,7 +598,7 @@ class _DoorWriter:
 
     def __init__(self, url: str, ledger: Ledger, pause_s: float = 0.2) -> None:
         self.url, self.ledger, self.pause_s = url, ledger, pause_s
-        self.outcomes: list[tuple[float, str, str]] = []
+        self.outcomes: list[tuple[float, float, str, str]] = []  # sent, answered, door, outcome
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._write, daemon=True)
 
@@ -609,6 +609,7 @@ class _DoorWriter:
             door = WRITE_DOORS[i % len(WRITE_DOORS)]
             victim = sorted(self.ledger.acked)[0] if i % 4 == 3 and self.ledger.acked else None
             doc_id, word = f"w{i}", f"zxw{i}marker"
+            sent = time.perf_counter()
             try:
                 if victim is not None:
                     door = "mcp" if door == "mcp" else "rest"  # /v1 has no delete
@@ -617,7 +618,7 @@ class _DoorWriter:
                     kind = self._add(door, document(doc_id, f"{word} chunk"))
             except Exception as exc:  # whatever a client meets (the MCP client's own errors too), by name
                 kind = type(exc).__name__
-            self.outcomes.append((time.perf_counter(), door, kind))
+            self.outcomes.append((sent, time.perf_counter(), door, kind))
             if victim is not None:
                 del self.ledger.acked[victim]
                 (self.ledger.deleted if kind == "acked" else self.ledger.in_doubt).add(victim)
@@ -718,9 +719,9 @@ def workers_killed_under_load(
         for thread in [*load.threads, writes.thread]:
             thread.join(60)
         ended = time.perf_counter()
-        for kill in kills.values():  # the first write acknowledged after the kill, through any door
-            killed_at = kill.pop("killed_at")
-            acked = [t - killed_at for t, _, kind in writes.outcomes if kind == "acked" and t > killed_at]
+        for kill in kills.values():  # the first write sent after the kill and acknowledged, through any door
+            killed_at = kill.pop("killed_at")  # (one sent before it may be answered just after: logged already)
+            acked = [t - killed_at for sent, t, _, kind in writes.outcomes if kind == "acked" and sent > killed_at]
             kill["first_write_acknowledged_s"] = round(acked[0], 1) if acked else None
         barrier = httpx.post(f"{url}/documents?refresh=wait_for", json=document("last", "zxlastmarker"), timeout=60)
         assert barrier.status_code == 201, barrier.text  # applied and checkpointed, so are all before it
@@ -746,7 +747,7 @@ def workers_killed_under_load(
                     where: _tally(k for w, k in reads if w == where) for where in sorted({w for w, _ in reads})
                 },
                 "writes": {
-                    door: _tally(kind for t, d, kind in writes.outcomes if d == door and start <= t < end)
+                    door: _tally(kind for _, t, d, kind in writes.outcomes if d == door and start <= t < end)
                     for door in WRITE_DOORS
                 },
             }
