@@ -29,18 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.door_load import door_load
-from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from engine import threads
 from engine.rerank.pair_cache import PairCache
 from engine.search import HybridEngine
 from engine.settings import EngineSettings
 from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
+from offline.door_load import door_load
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
 from offline.latency import machine_name
 from offline.progress import track
 from offline.records import write_result
+from offline.server_process import free_port, serve_args, start_server, stop_server, wait_until_up
 
 DEPTHS = (10, 20, 30)
 FLOP_LIMIT = "2 cores x 2 FMA x 8 fp32 lanes x 2 FLOP x ~2.5-3 GHz = 160-190 GFLOP/s"

@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from offline.records import write_result
+from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server
 
 SUITE_VERSION = "0.1.16"
 PREFIX = ROOT / "build" / "conformance"

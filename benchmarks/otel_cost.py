@@ -24,11 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
 from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.latency import percentiles
 from offline.records import machine
+from offline.server_process import ROOT, free_port, serve_args, start_server, stop_server
 
 MODES = {"off": ({"OTEL_SDK_DISABLED": "true"}, False), "on": ({}, False), "export": ({}, True)}
 

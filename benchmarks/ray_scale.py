@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
+from offline.server_process import free_port, serve_args, start_server, stop_server
 from serving.settings import Settings
 
 SEARCH = "/search_nfcorpus"

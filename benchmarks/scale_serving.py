@@ -23,8 +23,11 @@ from pathlib import Path
 
 import httpx
 
-from agents.door_load import bench_http
-from benchmarks.reliability.server import (
+from offline.dataset import load_dataset
+from offline.door_load import bench_http
+from offline.latency import machine_name, percentiles
+from offline.records import write_result
+from offline.server_process import (
     free_port,
     serve_args,
     sigkill,
@@ -33,9 +36,6 @@ from benchmarks.reliability.server import (
     worker_client,
     workers_up,
 )
-from offline.dataset import load_dataset
-from offline.latency import machine_name, percentiles
-from offline.records import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITE_RATE, WRITE_SECONDS, SEARCHERS = 10, 60, 4

@@ -23,12 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agents.door_load import door_load
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server, wait_until_up
 from engine.settings import EngineSettings
 from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
+from offline.door_load import door_load
 from offline.records import write_result
+from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server, wait_until_up
 
 BASE_CLI = [sys.executable, "-m", "serving.cli"]  # the entry point before the CLI moved to cli/
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
 from offline.latency import percentiles
 from offline.records import write_result
+from offline.server_process import free_port, serve_args, start_server, stop_server
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

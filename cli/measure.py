@@ -54,7 +54,7 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
     dataset = load_dataset(settings.build.data_dir)
     reports = Path(settings.engine.index_dir) / REPORTS_DIR
     if args.agent_url:
-        from agents.evaluator import evaluate_agent
+        from offline.agent_evaluation import evaluate_agent
         from offline.records import write_result
 
         checked("top_k", args.top_k)
@@ -105,8 +105,8 @@ def evaluate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def bench(settings: Settings, args: argparse.Namespace) -> int:
-    from agents.door_load import bench_http
     from offline.dataset import load_dataset
+    from offline.door_load import bench_http
     from offline.latency import bench_engine, machine_name, save
 
     dataset = load_dataset(settings.build.data_dir)

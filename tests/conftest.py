@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
 from engine.settings import EngineSettings
 from index_build.settings import BuildSettings
+from offline.server_process import free_port, serve_args, start_server, stop_server, wait_until_up
 from tests.helpers import write_beir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from agents.door_load import a2a_v03_send
-from benchmarks.reliability.server import CLI, ROOT, free_port
+from offline.door_load import a2a_v03_send
+from offline.server_process import CLI, ROOT, free_port
 
 TOPICS = {
     "vitamin": "vitamin D supplements bone density falls elderly calcium",

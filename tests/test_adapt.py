@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.reliability.server import free_port
 from engine.settings import EngineSettings
 from index_build.adapt import nearest
 from index_build.settings import BuildSettings
+from offline.server_process import free_port
 from tests.helpers import chat_completions_server
 
 WORDS = (

@@ -88,7 +88,7 @@ def test_bad_input_is_a_clear_cli_error(argv, message, capsys, index_dir, beir_d
 def test_a_taken_port_is_a_clear_cli_error_before_the_index_is_built(door, capsys, tmp_path, beir_dir):
     import socket
 
-    from benchmarks.reliability.server import free_port
+    from offline.server_process import free_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", free_port()))

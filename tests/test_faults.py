@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from benchmarks.reliability import faults
-from benchmarks.reliability.server import ROOT
+from offline.server_process import ROOT
 
 pytestmark = pytest.mark.slow  # kills, fills and corrupts on purpose: servers started and stopped per test
 

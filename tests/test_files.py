@@ -169,7 +169,7 @@ def test_a_folder_of_unreadable_files_builds_nothing(tmp_path):
 def test_a_rag_turn_over_the_files_cites_the_right_file_and_page(files_index, tmp_path):
     import httpx
 
-    from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+    from offline.server_process import free_port, serve_args, start_server, stop_server
 
     port = free_port()
     server = start_server(serve_args(files_index, port), f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")

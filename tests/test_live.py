@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from engine.settings import EngineSettings
+from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server
 
 
 @pytest.fixture

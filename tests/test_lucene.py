@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from benchmarks.reliability.server import ROOT
 from engine.retrieval.lucene import IndexClosedError, LuceneIndex
+from offline.server_process import ROOT
 
 UNITS = 40
 

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from tests.helpers import chat_completions_server, jsonrpc_send
 
 KEYS = {

@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from benchmarks.reliability.server import ROOT, free_port, start_server, stop_server
 from engine.rerank.cross_encoder import native_bf16
 from engine.settings import EngineSettings
+from offline.server_process import ROOT, free_port, start_server, stop_server
 from tests.helpers import a2a_v1_send, only_doc_ids
 
 pytest.importorskip("ray", reason="the optional Ray extra is not installed (pip install -e '.[ray]')")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from benchmarks.reliability import fuzz
-from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server, wait_until_up
+from offline.server_process import free_port, serve_args, start_server, stop_server, wait_until_up
 from tests.helpers import jsonrpc_send
 
 pytestmark = pytest.mark.slow  # fuzzing and load against real servers

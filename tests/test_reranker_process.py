@@ -15,7 +15,13 @@ import httpx
 import numpy as np
 import pytest
 
-from benchmarks.reliability.server import (
+from engine.rerank.loading import load_reranker
+from engine.rerank.pair_assembly import PassageTokens
+from engine.retrieval.dense import encode
+from engine.retrieval.encoder import load_encoder
+from engine.store.index_dir import read_manifest
+from offline.dataset import load_dataset
+from offline.server_process import (
     free_port,
     serve_args,
     sigkill,
@@ -24,12 +30,6 @@ from benchmarks.reliability.server import (
     worker_client,
     workers_up,
 )
-from engine.rerank.loading import load_reranker
-from engine.rerank.pair_assembly import PassageTokens
-from engine.retrieval.dense import encode
-from engine.retrieval.encoder import load_encoder
-from engine.store.index_dir import read_manifest
-from offline.dataset import load_dataset
 from serving.reranker_process import SharedQueryEncoder, SharedReranker, run_reranker
 from serving.settings import Settings
 from serving.worker_channel import Channel, WorkerUnreachable

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 import httpx
 import pytest
 
-from agents.door_load import a2a_v03_send, bench_http
-from benchmarks.reliability.server import ROOT, free_port, serve_args, start_server, stop_server
 from engine.settings import EngineSettings
+from offline.door_load import a2a_v03_send, bench_http
+from offline.server_process import ROOT, free_port, serve_args, start_server, stop_server
 from tests.helpers import a2a_v1_send, only_doc_ids
 
 A2A_V03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
@@ -380,8 +380,8 @@ def test_agent_through_mcp_url_answers_the_same(server, tmp_path):
 
 
 def test_evaluator_scores_the_agent_like_the_in_process_evaluation(server, beir_dir, index_dir, tmp_path):
-    from agents.evaluator import evaluate_agent
     from engine.search import HybridEngine
+    from offline.agent_evaluation import evaluate_agent
     from offline.dataset import load_dataset
     from offline.evaluation import evaluate_run, sample_queries, served_stage, stage_runs
 

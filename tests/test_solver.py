@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from agents.formatter import format_answer, items_from_text
 from agents.policy import PolicyDoc, evaluate
-from benchmarks.reliability.server import ROOT
+from offline.server_process import ROOT
 from tests.helpers import a2a_v1_send, jsonrpc_send
 
 PATH = "/api/a2a/purple-agent"
@@ -163,7 +163,7 @@ def test_a_deny_keyword_decides_exactly_when_it_appears_as_a_word(keyword, other
 def test_a_failing_llm_without_fallback_is_a_502(index_dir, tmp_path):
     import shutil
 
-    from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+    from offline.server_process import free_port, serve_args, start_server, stop_server
 
     shutil.copytree(index_dir, tmp_path / "index")
     port, dead = free_port(), free_port()  # nothing listens on `dead`
@@ -184,7 +184,7 @@ def test_a_task_past_the_query_timeout_is_the_doors_own_504(index_dir, tmp_path)
     import shutil
     import time
 
-    from benchmarks.reliability.server import free_port, serve_args, start_server, stop_server
+    from offline.server_process import free_port, serve_args, start_server, stop_server
     from tests.helpers import chat_completions_server
 
     def stalls(body: dict) -> str:

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from tests.helpers import jsonrpc_send
 
 STAGES = ["encode", "bm25", "dense", "memory", "fusion"]  # the tiny index has no reranker

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.reliability.server import CLI, ROOT, free_port, serve_args, start_server, stop_server
+from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server
 from tests.helpers import a2a_v1_send
 
 

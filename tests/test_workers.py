@@ -17,7 +17,9 @@ import time
 import httpx
 import pytest
 
-from benchmarks.reliability.server import (
+from engine.errors import ServiceError
+from engine.live.writer import DocumentNotFound
+from offline.server_process import (
     free_port,
     serve_args,
     sigkill,
@@ -27,8 +29,6 @@ from benchmarks.reliability.server import (
     worker_client,
     workers_up,
 )
-from engine.errors import ServiceError
-from engine.live.writer import DocumentNotFound
 from serving.admission import Overloaded
 from serving.worker_channel import Channel, ChannelServer, WorkerFailed, WorkerUnreachable, WriterClient, call
 from serving.workers import bind

@@ -69,9 +69,9 @@ def _dev_queries(limit: int | None = None) -> list[str]:
 
 def http(out: Path) -> int:
     """``hybrid-search serve`` on the GPU, then REST and A2A end to end at 1, 8 and 64 clients."""
-    from agents.door_load import bench_http
-    from benchmarks.reliability.server import free_port, start_server, stop_server
+    from offline.door_load import bench_http
     from offline.latency import save
+    from offline.server_process import free_port, start_server, stop_server
 
     queries = _dev_queries()
     rest, a2a = free_port(), free_port()
@@ -119,9 +119,9 @@ def serving(out: Path, stage: str, small: bool) -> int:
     mean ms (``/metrics``) and the reranker process's own time."""
     import httpx
 
-    from agents.door_load import bench_http
-    from benchmarks.reliability.server import free_port, start_server, stop_server
+    from offline.door_load import bench_http
     from offline.latency import save
+    from offline.server_process import free_port, start_server, stop_server
 
     scale = SMALL if small else FULL
     name, shared, flags = SERVING[stage]

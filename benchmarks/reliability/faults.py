@@ -36,7 +36,10 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.reliability.server import (
+from engine.settings import EngineSettings
+from engine.store.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
+from offline.records import write_result
+from offline.server_process import (
     ServerExited,
     free_port,
     serve_args,
@@ -46,9 +49,6 @@ from benchmarks.reliability.server import (
     worker_client,
     workers_up,
 )
-from engine.settings import EngineSettings
-from engine.store.index_dir import BM25_DIR, DOCS_FILE, MANIFEST_FILE, WAL_FILE, IndexDirError, latest_dense
-from offline.records import write_result
 
 if TYPE_CHECKING:
     from starlette.testclient import TestClient

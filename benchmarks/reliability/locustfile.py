@@ -16,7 +16,7 @@ import time
 import requests
 from locust import User, constant, task
 
-from agents.door_load import a2a_v03_send
+from offline.door_load import a2a_v03_send
 
 QUERIES = [q for q in open(os.environ.get("LOAD_QUERIES", "/dev/null")).read().splitlines() if q.strip()] or [
     "does vitamin D prevent falls"
