@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.documents import unit_id
 from engine.retrieval.dense import encode
 from engine.retrieval.encoder import load_encoder, pick_device
-from engine.retrieval.lucene import LuceneIndex
+from engine.retrieval.lucene import FILTER_FIELDS
 from engine.retrieval.memory import write_memory
 from engine.settings import EngineSettings
 from engine.store.docstore import DocStore
@@ -41,6 +40,7 @@ from engine.store.tokens import TextTokenizer
 from engine.text import chunk_text
 from index_build.adapt import FULL_MISSING, AdaptError, adapt_index
 from index_build.adapt.generated import QueryWriter
+from index_build.bm25_build import build_bm25
 from index_build.corpus import Corpus, open_corpus
 from index_build.dense_index import RECALL_QUERIES, build_dense, check_factory
 from index_build.parts import BuildFolder, Part, plan_parts
@@ -107,6 +107,7 @@ def build_index(
         "chunking": [build.chunk_words, build.chunk_overlap_words],  # a folder's fingerprint is its files
         "vectors": _vectors_key(build.vectors),
         "format": FORMAT_VERSION,
+        "bm25_fields": list(FILTER_FIELDS),
     }
     with BuildFolder.open(target, key) as work:
         given = None
@@ -116,7 +117,7 @@ def build_index(
         tmp.mkdir(exist_ok=True)
         if not work.done("bm25") or not (tmp / BM25_DIR).is_dir():
             shutil.rmtree(tmp / BM25_DIR, ignore_errors=True)
-            _build_bm25(tmp / BM25_DIR, docs, progress)
+            build_bm25(tmp / BM25_DIR, docs, parts, work, build.bm25_workers, progress)
             work.mark("bm25")
         encode_part = _encoder(encoder, build.encoder, settings, given, ray, progress)
         todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
@@ -153,6 +154,7 @@ def build_index(
             dimension=dimension,
             dense_index=_named(dense["factory"]),
             bm25={"k1": settings.bm25_k1, "b": settings.bm25_b},
+            bm25_fields=list(FILTER_FIELDS),
             memory=memory,
             passage_tokens=tokenizer.recipe,
             versions=_versions(),
@@ -257,19 +259,6 @@ def _encoder(encoder, name: str, settings: EngineSettings, given: GivenVectors |
         return encode(encoder, texts, settings.encode_batch_size, bar)
 
     return part_vectors
-
-
-def _build_bm25(path: Path, docs: Sequence[dict], progress: bool) -> None:
-    """Title and text in one ``contents`` field, Anserini's analyzer: BEIR "flat". Each chunk is
-    indexed under its document, so that live updates replace a document's chunks by its id."""
-    index = LuceneIndex(path, writable=True, create=True)
-    for doc in track(docs, "BM25 index", "doc", enabled=progress):
-        units = [
-            (unit_id(doc["document_id"], c["chunk_id"]), chunk_text(c["title"], c["content"])) for c in doc["chunks"]
-        ]
-        index.add(doc["document_id"], units)
-    index.commit(0)
-    index.close()
 
 
 def _write_store(path: Path, docs: Sequence[dict], parts: list[Part], tokenizer: TextTokenizer, progress: bool) -> None:

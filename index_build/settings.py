@@ -44,6 +44,11 @@ class BuildSettings(BaseModel):
         description="chunks encoded, tokenized and stored at a time: memory is bounded by a part, and a stopped build"
         " resumes from its last finished part",
     )
+    bm25_workers: int = Field(
+        0,
+        ge=0,
+        description="processes that index the parts' BM25 side by side, a JVM each (0: one a core, at most 8)",
+    )
     vectors: MaybePath = Field(
         None,
         description="the chunks' vectors, made elsewhere, instead of encoding: a .npy (one row a record, in the"

@@ -1,5 +1,6 @@
-"""A build in parts: vectors made elsewhere (--vectors), a build killed and run again that resumes,
-and the dense index chosen by size or named by a FAISS index_factory string, taking live writes."""
+"""A build in parts: vectors made elsewhere (--vectors), BM25 indexed a part a process, a build
+killed and run again that resumes, and the dense index chosen by size or named by a FAISS
+index_factory string, taking live writes."""
 
 import json
 import os
@@ -133,9 +134,50 @@ def test_a_killed_build_resumes_where_it_stopped_and_builds_the_same_index(index
     assert "resuming" in second.stderr
     assert "encoding 4 texts: started" in second.stderr  # the parts left were encoded
     assert second.stderr.count("encoding 4 texts: started") == 8 - len(done)  # and only those
+    assert "BM25 index" not in second.stderr  # finished before the kill: kept
     assert not work.exists()
     assert np.allclose(_vectors(target), _vectors(index_dir), atol=1e-6)
     assert _top(target) == _top(index_dir)
+
+
+class _Stopping(list):
+    """Documents whose reading stops (a crash) at the part starting at document ``stop``."""
+
+    stop: int | None = None
+
+    def __getitem__(self, at):
+        if isinstance(at, slice) and at.start == self.stop:
+            raise RuntimeError("stopped")
+        return super().__getitem__(at)
+
+
+def test_bm25_in_parts_on_two_processes_scores_as_one_writer_and_resumes_by_part(beir_dir, tmp_path):
+    from engine.retrieval.lucene import LuceneIndex
+    from index_build.bm25_build import build_bm25, index_documents
+    from index_build.corpus import open_corpus
+    from index_build.parts import BuildFolder, plan_parts
+
+    corpus = open_corpus(beir_dir, 200, 40, False)
+    docs = _Stopping(corpus.documents)
+    parts = plan_parts(corpus.chunk_counts(), 4)
+    assert len(parts) == 8
+    index_documents(tmp_path / "one", docs)
+    docs.stop = parts[5].docs.start
+    with BuildFolder.open(tmp_path / "parts", {"k": 1}) as work, pytest.raises(RuntimeError, match="stopped"):
+        build_bm25(tmp_path / "parts", docs, parts, work, 2, False)
+    docs.stop = None
+    with BuildFolder.open(tmp_path / "parts", {"k": 1}) as work:
+        first = [p for p in work.state["done"] if p.startswith("bm25-part-")]
+        assert 2 <= len(first) <= 5  # parts finished before the crash are kept...
+        build_bm25(tmp_path / "parts", docs, parts, work, 2, False)
+        assert work.state["done"][: len(first)] == first and len(work.state["done"]) == 8  # ...and not redone
+    one, merged = LuceneIndex(tmp_path / "one"), LuceneIndex(tmp_path / "parts")
+    try:
+        assert merged.documents == one.documents == sum(corpus.chunk_counts())
+        for query in ("caffeine and the liver", "vitamin D bone density", "coffee"):
+            assert merged.search(query, 50) == one.search(query, 50) and one.search(query, 50), query
+    finally:
+        one.close(), merged.close()
 
 
 def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, tmp_path):

@@ -66,6 +66,60 @@ def test_a_wide_filter_read_off_the_ranking_finds_what_the_filtered_query_does(i
             assert index.search(query, 6, allowed_sets[i]) == expected, (query, i, depth)
 
 
+def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_path):
+    """Type, date and document id as Lucene terms: the same ranking as the store's allowed set."""
+    import datetime
+
+    import numpy as np
+
+    from engine.documents import Filters
+    from engine.retrieval.protocol import Query, Within
+
+    index = LuceneIndex(tmp_path / "fields", writable=True, create=True, fields=("document_type", "date"))
+    metadata = {}
+    for i in reversed(range(UNITS)):
+        metadata[f"d-{i:02d}"] = {
+            "document_type": ("review", "trial", "note")[i % 3],
+            "date": f"202{i % 5}-0{1 + i % 9}-01",
+        }
+        index.add(f"d-{i:02d}", [(f"d-{i:02d}", _text(i))], metadata[f"d-{i:02d}"] | {"source": i})
+    index.refresh()
+    day = datetime.date.fromisoformat
+    cases = [
+        Filters(document_types=["review"]),
+        Filters(document_types=["trial", "note"], date_range=[None, "2022-05-01"]),
+        Filters(date_range=["2021-01-01", "2023-02-01"]),
+        Filters(date_range=["2024-01-01", None], document_ids=["d-04", "d-09", "d-14"]),
+    ]
+
+    def allows(unit: str, f: Filters) -> bool:
+        meta, (start, end) = metadata[unit], f.date_range or (None, None)
+        return (
+            (not f.document_types or meta["document_type"] in f.document_types)
+            and (not start or day(meta["date"]) >= start)
+            and (not end or day(meta["date"]) <= end)
+            and (not f.document_ids or unit in f.document_ids)
+        )
+
+    try:
+        for f in cases:
+            allowed = {unit for unit in metadata if allows(unit, f)}
+            query = Query("common beta alpha3", np.zeros(1, dtype=np.float32))
+            assert index._clauses(f) is not None  # searched through the fields, not the ids
+            through_fields = index.retrieve(query, 7, Within(allowed, allowed, None, f))
+            assert through_fields == index.search(query.text, 7, allowed) and through_fields, f
+        other_key = Filters(source=3)  # a metadata key Lucene does not hold: the allowed ids
+        assert index._clauses(other_key) is None
+        assert [u for u, _ in index.retrieve(query, 5, Within({"d-03"}, {"d-03"}, None, other_key))] == ["d-03"]
+        index.commit(0)
+    finally:
+        index.close()
+    unfielded = LuceneIndex(tmp_path / "fields")  # an index built before its chunks carried them
+    assert unfielded._clauses(Filters(document_types=["review"])) is None
+    assert unfielded._clauses(Filters(document_ids=["d-01"])) is not None  # always a chunk's term
+    unfielded.close()
+
+
 def test_filtered_searches_side_by_side_keep_their_own_filters(index):
     """Each thread's filter is its own (pyjnius once let threads swap the objects they called)."""
     expected = {r: index.search("common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) for r in range(4)}

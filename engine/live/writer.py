@@ -274,7 +274,7 @@ class LiveIndex:
         units = [
             (unit_id(doc["document_id"], c["chunk_id"]), chunk_text(c["title"], c["content"])) for c in doc["chunks"]
         ]
-        bm25.replace(doc["document_id"], units)
+        bm25.replace(doc["document_id"], units, doc.get("metadata"))
 
     def _publish(self) -> None:
         """What followers need to show every applied write: Lucene committed (its changes since the

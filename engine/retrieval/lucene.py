@@ -9,7 +9,12 @@ opened from the writer sees changes at each ``refresh`` without a commit.
 Searches run side by side. Each pins the current reader, counted as Lucene's ``SearcherManager``
 counts (a refresh swaps in a new reader; the old one closes when its last search ends), and takes
 its hits out of Java as arrays (Anserini's ``ScoredDocs``: ids and scores in three calls, where
-reading each hit took four); a filter is one ``TermInSetQuery`` of cached ``BytesRef`` ids.
+reading each hit took four).
+
+A filter on the fields each chunk carries as Lucene terms (its document's id and, in an index
+built since they were, its document type and date: ``fields``) is a ``FILTER`` clause on them, so
+Lucene scores only the chunks it lets through. Any other filter is the store's set of allowed ids:
+a few a ``TermInSetQuery`` of cached ``BytesRef`` ids, many read off the unfiltered ranking.
 
 pyjnius binds an instance method by storing the instance on the method object that every instance
 of the class shares (the FIXME in its ``JavaMethod.__get__``), so two threads that call one method
@@ -24,10 +29,11 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.documents import DATE, DOCUMENT_TYPE, Filters
 from engine.retrieval.java import start_jvm
 from engine.retrieval.protocol import Query, Ranking, Within
 from engine.store.index_dir import IndexDirError
@@ -40,6 +46,7 @@ _TERM_SET = "(Ljava/lang/String;[Lorg/apache/lucene/util/BytesRef;)V"
 FILTER_TERMS = 1_000  # allowed ids past this are read off the ranking, not sent to Lucene a term each
 FILTER_DEPTH = 20_000  # how far down the unfiltered ranking a wide filter is looked for
 _calls = threading.Lock()  # instance calls on objects that are not one of a kind (module docstring)
+FILTER_FIELDS = (DOCUMENT_TYPE, DATE)  # document metadata kept as a chunk's terms (ISO dates sort as text)
 
 
 class IndexClosedError(RuntimeError):
@@ -75,6 +82,7 @@ class _Java:
             "org.apache.lucene.search.BooleanQuery$Builder",
             "org.apache.lucene.search.BooleanClause$Occur",
             "org.apache.lucene.search.TermInSetQuery",
+            "org.apache.lucene.search.TermRangeQuery",
             "org.apache.lucene.search.Sort",
             "org.apache.lucene.search.SortField",
             "org.apache.lucene.search.SortField$Type",
@@ -142,15 +150,23 @@ class LuceneIndex:
     filter_depth = FILTER_DEPTH
 
     def __init__(
-        self, path: str | Path, k1: float = 0.9, b: float = 0.4, writable: bool = False, create: bool = False
+        self,
+        path: str | Path,
+        k1: float = 0.9,
+        b: float = 0.4,
+        writable: bool = False,
+        create: bool = False,
+        fields: Collection[str] = (),
     ) -> None:
         """``create`` starts an empty index (a build); otherwise the index must be there and whole:
         a missing or damaged file raises IndexDirError naming it (a writer never starts afresh over
-        it, which would delete the files it could not read)."""
+        it, which would delete the files it could not read). ``fields``: the ``FILTER_FIELDS`` every
+        chunk of the index carries (its manifest says), which filters on them use."""
         self.j = j = _lucene()
         from jnius import JavaException  # only once the JVM runs, with the options start_jvm sets
 
         self.path = Path(path)
+        self.fields = frozenset(fields)
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
         self._similarity = j.BM25Similarity(float(k1), float(b))
         self._writer = None
@@ -224,9 +240,35 @@ class LuceneIndex:
         return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k)
 
     def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
-        """:class:`~engine.retrieval.protocol.Retriever`: by the query's text, only live chunks
-        (Lucene's view lags the store's when its refresh failed)."""
-        return [hit for hit in self.search(query.text, k, within.allowed) if hit[0] in within.live]
+        """:class:`~engine.retrieval.protocol.Retriever`: by the query's text, within the filter
+        through this index's own fields when they hold it, only live chunks (Lucene's view lags the
+        store's when its refresh failed)."""
+        if within.filters is not None and (clauses := self._clauses(within.filters)) is not None:
+            j = self.j
+            hits = self._top(self._restricted(j.generator.buildQuery("contents", j.analyzer, query.text), clauses), k)
+        else:
+            hits = self.search(query.text, k, within.allowed)
+        return [hit for hit in hits if hit[0] in within.live]
+
+    def _clauses(self, filters: Filters) -> list | None:
+        """``filters`` as Lucene queries on the chunks' own terms, or None where one condition is on
+        a field this index does not carry (any other metadata key)."""
+        if filters.equalities or (filters.document_types and DOCUMENT_TYPE not in self.fields):
+            return None
+        if filters.date_range and DATE not in self.fields:
+            return None
+        j, clauses = self.j, []
+        if filters.document_ids:
+            clauses.append(
+                j.TermInSetQuery("document_id", *map(j.bytes_ref, filters.document_ids), signature=_TERM_SET)
+            )
+        if filters.document_types:
+            types = map(j.bytes_ref, filters.document_types)
+            clauses.append(j.TermInSetQuery(DOCUMENT_TYPE, *types, signature=_TERM_SET))
+        if filters.date_range:
+            start, end = (None if day is None else day.isoformat() for day in filters.date_range)
+            clauses.append(j.TermRangeQuery.newStringRange(DATE, start, end, True, True))
+        return clauses
 
     def _top(self, query, k: int) -> list[tuple[str, float]]:
         j = self.j
@@ -254,33 +296,52 @@ class LuceneIndex:
     def _filtered(self, bag, allowed: Collection[str]):
         """``bag`` restricted to ``allowed``: one Java call for the id set, its BytesRefs cached."""
         j = self.j
-        ids = j.TermInSetQuery("id", *map(j.id_term, allowed), signature=_TERM_SET)
+        return self._restricted(bag, [j.TermInSetQuery("id", *map(j.id_term, allowed), signature=_TERM_SET)])
+
+    def _restricted(self, bag, clauses: list):
+        """``bag`` scored over the chunks every clause matches (``FILTER``: they add no score)."""
+        j = self.j
         with _calls:
             builder = j.BooleanQuery_Builder()
             builder.add(bag, j.BooleanClause_Occur.MUST)
-            builder.add(ids, j.BooleanClause_Occur.FILTER)
+            for clause in clauses:
+                builder.add(clause, j.BooleanClause_Occur.FILTER)
             return builder.build()
 
     # writing
-    def add(self, document_id: str, units: Iterable[tuple[str, str]]) -> None:
-        """Add (unit id, contents) chunks of a document (a build: nothing to replace)."""
-        self._writer.addDocuments(self._docs(document_id, units))
+    def add(self, document_id: str, units: Iterable[tuple[str, str]], metadata: dict | None = None) -> None:
+        """Add (unit id, contents) chunks of a document (a build: nothing to replace); its
+        ``metadata``'s ``FILTER_FIELDS`` become each chunk's terms."""
+        self._writer.addDocuments(self._docs(document_id, units, metadata))
 
-    def replace(self, document_id: str, units: Iterable[tuple[str, str]]) -> None:
+    def replace(self, document_id: str, units: Iterable[tuple[str, str]], metadata: dict | None = None) -> None:
         """Atomically replace every chunk of ``document_id``: a reader sees all old or all new."""
-        self._writer.updateDocuments(self.j.Term("document_id", document_id), self._docs(document_id, units))
+        self._writer.updateDocuments(self.j.Term("document_id", document_id), self._docs(document_id, units, metadata))
+
+    def absorb(self, paths: Sequence[Path]) -> None:
+        """Add the whole indexes at ``paths`` (a build's parts) as they are: their segments copied."""
+        j = self.j
+        directories = [j.FSDirectory.open(j.Paths.get(str(Path(p).resolve()))) for p in paths]
+        try:
+            self._writer.addIndexes(*directories)
+        finally:
+            for directory in directories:
+                directory.close()
 
     def delete(self, document_id: str) -> None:
         self._writer.updateDocuments(self.j.Term("document_id", document_id), self.j.ArrayList())  # replace by nothing
 
-    def _docs(self, document_id: str, units: Iterable[tuple[str, str]]):
+    def _docs(self, document_id: str, units: Iterable[tuple[str, str]], metadata: dict | None):
         j = self.j
+        terms = [(key, value) for key in FILTER_FIELDS if isinstance(value := (metadata or {}).get(key), str)]
         docs = j.ArrayList()
         for unit, contents in units:
             doc = j.Document()
             doc.add(j.StringField("id", unit, j.Field_Store.YES))
             doc.add(j.BinaryDocValuesField("id", j.bytes_ref(unit)))
             doc.add(j.StringField("document_id", document_id, j.Field_Store.NO))
+            for key, value in terms:
+                doc.add(j.StringField(key, value, j.Field_Store.NO))
             doc.add(j.Field("contents", contents, j.contents_type, signature=_TEXT_FIELD))
             docs.add(doc)
         return docs

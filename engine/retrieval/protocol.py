@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from engine.documents import Filters
     from engine.retrieval.dense import Rows
 
 Ranking = list[tuple[str, float]]  # (unit id, score), best first
@@ -35,11 +36,13 @@ class Query:
 class Within:
     """What a search may return: ``live`` (a filter's chunks, else every chunk the engine's view
     holds); a filter's chunks again as ``allowed`` (None: no filter) for a retriever that searches
-    within them itself, and as store ``rows`` for FAISS's selector."""
+    within them itself, as store ``rows`` for FAISS's selector, and the ``filters`` themselves for
+    one that holds the filtered fields (Lucene)."""
 
     live: Container[str]
     allowed: Collection[str] | None = None
     rows: Rows | None = None
+    filters: Filters | None = None
 
 
 class Retriever(Protocol):

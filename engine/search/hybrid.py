@@ -85,7 +85,9 @@ class HybridEngine:
         self.device = pick_device(settings.device)
         self.store = DocStore(index_dir / DOCS_FILE)
         self.allowed = AllowedSets(self.store)  # a filter's chunks, kept per store version
-        self.bm25 = LuceneIndex(index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable=writable)
+        self.bm25 = LuceneIndex(
+            index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable, fields=self.manifest.bm25_fields
+        )
         self.retrieval_device = retrieval_device = (
             self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
         )

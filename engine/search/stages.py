@@ -78,7 +78,7 @@ def run_stages(
         if allowed is None:
             within = Within(engine.dense.rows)
         else:
-            within = Within(allowed, allowed, allowed.rows)
+            within = Within(allowed, allowed, allowed.rows, filters)
         asked, found = Query(query, vector, exclude), {}
         for name, retriever in engine.retrievers().items():  # in the stopwatch's order
             with _retriever(name):

@@ -65,6 +65,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     passage_tokens: dict = field(default_factory=dict)  # the recipe of the store's token ids (engine/store/tokens.py)
     settings: dict = field(default_factory=dict)
+    bm25_fields: list[str] = field(default_factory=list)  # filter fields every chunk carries in Lucene
     name: str = ""  # what agents are shown (MCP, the A2A card); "" in an index built before they were kept
     description: str = ""
 
