@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from engine.live.writer import apply_dense
 from engine.store.index_dir import WAL_FILE, latest_dense, published
 from engine.store.wal import LogTail
+
+if TYPE_CHECKING:
+    from engine.live.view import IndexView
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often the follower's own thread looks for a newer position
 
 
 class Follower:
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        self.index_dir = engine.settings.index_dir
+    """Shows the writer's writes in ``view`` (this process's stores), from the next search on."""
+
+    def __init__(self, view: IndexView) -> None:
+        self.view = view
+        self.index_dir = view.index_dir
         self.seq = -1  # the last write this engine shows
         self.checkpoint = -1  # the dense checkpoint it read whole
         self.applied = 0  # writes applied from the log since
@@ -62,11 +68,11 @@ class Follower:
                 if latest_dense(self.index_dir).seq <= self.seq:  # none yet (a stale announcement): not again
                     return False
                 return self._read_checkpoint()
-            engine = self.engine
-            with engine.view_lock.writing():
-                engine.bm25.refresh()
+            view = self.view
+            with view.lock.writing():
+                view.bm25.refresh()
                 for record in records:
-                    apply_dense(engine.dense, record)
+                    apply_dense(view.dense, record)
             self.seq, self.applied = target, self.applied + len(records)
         log.debug("following: now at write %d (%d from the log)", target, len(records))
         return True
@@ -74,19 +80,19 @@ class Follower:
     def _read_checkpoint(self) -> bool:
         """The newest dense checkpoint, its rows named by the store (which may be ahead of it: rows
         it no longer names are dropped)."""
-        checkpoint, engine = latest_dense(self.index_dir), self.engine
+        checkpoint, view = latest_dense(self.index_dir), self.view
         try:  # the base this follower maps already is not mapped again: only the delta is read
-            dense = engine.dense.reopened(checkpoint)
+            dense = view.dense.reopened(checkpoint)
         except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
             log.debug("checkpoint %s went away (%s); the next search catches up", checkpoint.seq, exc)
             return False
-        units = engine.store.unit_ids_by_row()
+        units = view.store.unit_ids_by_row()
         held = dense.row_ids()
         dense.remove([row for row in held if row not in units])
         dense.bind({row: units[row] for row in held if row in units})
-        with engine.view_lock.writing():
-            engine.bm25.refresh()
-            engine.dense = dense
+        with view.lock.writing():
+            view.bm25.refresh()
+            view.dense = dense
         self.seq = self.checkpoint = checkpoint.seq
         log.info("following: read checkpoint %d (%d chunks)", checkpoint.seq, len(dense.units))
         return True

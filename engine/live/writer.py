@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from engine.store.index_dir import WAL_FILE, latest_dense, publish
 from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog
 from engine.text import chunk_text
+
+if TYPE_CHECKING:
+    from engine.live.view import IndexView
 
 log = logging.getLogger(__name__)
 STORES = ("store", "dense", "lucene")
@@ -82,13 +85,19 @@ class LiveIndex:
     """The writer of one index directory (an exclusive lock file says so to other processes)."""
 
     def __init__(
-        self, engine, lock, refresh_interval_s: float = 1.0, checkpoint_bytes: int = 64 << 20, followed: bool = False
+        self,
+        view: IndexView,
+        lock,
+        refresh_interval_s: float = 1.0,
+        checkpoint_bytes: int = 64 << 20,
+        followed: bool = False,
     ) -> None:
-        """``lock``: what :func:`claim_writer` returned, taken before any store was opened for writing.
-        ``followed``: other processes show this index (:mod:`engine.live.follower`): each refresh that
-        applied writes commits Lucene and publishes its position for them."""
-        self.engine = engine
-        self.index_dir = Path(engine.settings.index_dir)
+        """``view``: the stores this writer changes. ``lock``: what :func:`claim_writer` returned,
+        taken before any store was opened for writing. ``followed``: other processes show this index
+        (:mod:`engine.live.follower`): each refresh that applied writes commits Lucene and publishes
+        its position for them."""
+        self.view = view
+        self.index_dir = Path(view.index_dir)
         self.refresh_interval_s = refresh_interval_s
         self.checkpoint_bytes = checkpoint_bytes
         self.followed = followed
@@ -99,13 +108,13 @@ class LiveIndex:
         self.wal = WriteAheadLog(self.index_dir / WAL_FILE)
         self.seq, self.dense_seq = 0, latest_dense(self.index_dir).seq
         self.applied: dict[str, int] = {}  # store -> the last record it holds (in memory)
-        self.tokenizer = _store_tokenizer(engine)
+        self.tokenizer = _store_tokenizer(view)
         self.refresh_error: str | None = None
         self.recovery: dict = {}
         self._recover()
         if followed:  # the followers start from what this start recovered
             self._publish()
-        self.next_row = max(self.engine.store.meta("next_row"), max(self.engine.dense.units, default=-1) + 1)
+        self.next_row = max(view.store.meta("next_row"), max(view.dense.units, default=-1) + 1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresher, name="live-refresh", daemon=True)
         self._thread.start()
@@ -114,17 +123,17 @@ class LiveIndex:
     def _recover(self) -> None:
         started = time.perf_counter()
         records = self.wal.records()
-        engine = self.engine
+        view = self.view
         self.applied = {
-            "store": engine.store.meta("applied_seq"),
+            "store": view.store.meta("applied_seq"),
             "dense": self.dense_seq,
-            "lucene": engine.bm25.committed_seq(),
+            "lucene": view.bm25.committed_seq(),
         }
         for record in records:
             self._apply(record)
         self.seq = max([*self.applied.values(), *(r["seq"] for r in records)])
-        engine.bm25.refresh()
-        engine.bind_units()
+        view.bm25.refresh()
+        view.bind_units()
         self.recovery = {"records": len(records), "seconds": round(time.perf_counter() - started, 3)}
         if records:
             log.info("replayed %d logged writes in %.2f s", len(records), self.recovery["seconds"])
@@ -136,7 +145,7 @@ class LiveIndex:
         for chunk in payload["chunks"]:
             chunk["title"] = payload["document_name"]
         texts = [chunk_text(c["title"], c["content"]) for c in payload["chunks"]]
-        vectors = self.engine.encode_texts(texts)
+        vectors = self.view.encode_texts(texts)
         with self._write:
             old_rows = self._rows_of(document.document_id)
             rows = list(range(self.next_row, self.next_row + len(texts)))
@@ -157,7 +166,7 @@ class LiveIndex:
             "chunks": len(rows),
             "seq": record["seq"],
             "replaced": bool(old_rows),
-            "encoder": self.engine.manifest.encoder,
+            "encoder": self.view.manifest.encoder,
         }
 
     def delete(self, document_id: str, wait: bool = False) -> dict:
@@ -184,12 +193,12 @@ class LiveIndex:
                 for c in (_without_title(c) for c in doc["chunks"])
             ]
             return doc
-        return self.engine.store.document(document_id)
+        return self.view.store.document(document_id)
 
     def _rows_of(self, document_id: str) -> list[int]:
         record = self._latest.get(document_id)
         if record is None:
-            return self.engine.store.rows_of(document_id)
+            return self.view.store.rows_of(document_id)
         return [] if record["op"] == "delete" else record["rows"]
 
     def _log(self, record: dict) -> None:
@@ -231,12 +240,12 @@ class LiveIndex:
         pending = self._pending
         if not pending:
             return 0
-        with self.engine.view_lock.writing():
+        with self.view.lock.writing():
             try:
                 for record in pending:
                     self._apply(record)
             finally:  # what was applied becomes searchable, even when a later record failed
-                self.engine.bm25.refresh()
+                self.view.bm25.refresh()
         self._pending = []
         for record in pending:
             key = record.get("document_id") or record["document"]["document_id"]
@@ -253,7 +262,7 @@ class LiveIndex:
                 self.applied[store] = seq
 
     def _apply_store(self, record: dict) -> None:
-        store = self.engine.store
+        store = self.view.store
         if record["op"] == "upsert":
             doc = record["document"]
             texts = [chunk_text(c["title"], c["content"]) for c in doc["chunks"]]
@@ -263,10 +272,10 @@ class LiveIndex:
             store.delete_document(record["document_id"], record["seq"])
 
     def _apply_dense(self, record: dict) -> None:
-        apply_dense(self.engine.dense, record)
+        apply_dense(self.view.dense, record)
 
     def _apply_lucene(self, record: dict) -> None:
-        bm25 = self.engine.bm25
+        bm25 = self.view.bm25
         if record["op"] == "delete":
             bm25.delete(record["document_id"])
             return
@@ -280,7 +289,7 @@ class LiveIndex:
         """What followers need to show every applied write: Lucene committed (its changes since the
         last commit, fsynced), then the position announced; they read the dense rows from the log."""
         seq = self.applied["lucene"]
-        self.engine.bm25.commit(seq)
+        self.view.bm25.commit(seq)
         publish(self.index_dir, seq)
 
     def checkpoint(self, merge: bool = False) -> dict:
@@ -289,16 +298,16 @@ class LiveIndex:
         started = time.perf_counter()
         with self._write:
             applied = self._apply_pending()
-            seq, engine = self.seq, self.engine
-            engine.bm25.commit(seq)
+            seq, view = self.seq, self.view
+            view.bm25.commit(seq)
             dense = {}
-            if seq != self.dense_seq or (merge and engine.dense.segments.checkpoint.delta is not None):
-                with engine.view_lock.reading():
-                    dense = engine.dense.segments.write(self.index_dir, seq, merge)
+            if seq != self.dense_seq or (merge and view.dense.segments.checkpoint.delta is not None):
+                with view.lock.reading():
+                    dense = view.dense.segments.write(self.index_dir, seq, merge)
                 if dense["merged"]:  # the merged base replaces the writer's own view too, mapped
                     self._reopen_dense(dense["checkpoint"])
                 self.dense_seq = seq
-            engine.store.checkpoint()
+            view.store.checkpoint()
             logged = self.wal.size
             self.wal.reset()
             if self.followed:
@@ -313,11 +322,10 @@ class LiveIndex:
         }
 
     def _reopen_dense(self, checkpoint) -> None:
-        engine = self.engine
-        dense = engine.dense.reopened(checkpoint)
-        dense.units, dense.rows = engine.dense.units, engine.dense.rows  # the merged base holds the same rows
-        with engine.view_lock.writing():
-            engine.dense = dense
+        current = self.view.dense
+        dense = current.reopened(checkpoint)
+        dense.units, dense.rows = current.units, current.rows  # the merged base holds the same rows
+        self.view.swap_dense(dense)
 
     def _refresher(self) -> None:
         while not self._stop.wait(self.refresh_interval_s):
@@ -365,14 +373,14 @@ def apply_dense(dense, record: dict) -> None:
         dense.add(record["rows"], vectors, units)
 
 
-def _store_tokenizer(engine) -> TextTokenizer | None:
+def _store_tokenizer(view: IndexView) -> TextTokenizer | None:
     """What makes the token ids the store keeps for each chunk (the manifest's ``passage_tokens``),
     or None: the index keeps none (format 2: a reranker computes them at load), or the encoder's
     tokenizer no longer makes them (then chunks written here are tokenized when first reranked)."""
-    recipe = engine.manifest.passage_tokens
+    recipe = view.manifest.passage_tokens
     if not recipe:
         return None
-    tokenizer = TextTokenizer(engine.dense.encoder.tokenizer)
+    tokenizer = TextTokenizer(view.dense.encoder.tokenizer)
     if tokenizer.recipe != recipe:
         log.warning("the encoder's tokenizer is not the one the store's token ids were made by: writing none")
         return None

@@ -24,7 +24,7 @@ from engine.rerank.batching import RerankBatcher
 from engine.rerank.cross_encoder import PairScorer, RerankerError, Scorer
 from engine.rerank.loading import open_reranker
 from engine.rerank.token_source import PairInputs
-from engine.retrieval.dense import DenseRetriever, encode
+from engine.retrieval.dense import DenseRetriever
 from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
@@ -48,6 +48,8 @@ from engine.store.index_dir import (
 )
 
 if TYPE_CHECKING:
+    from engine.live.locks import ViewLock
+    from engine.live.view import IndexView
     from engine.live.writer import LiveIndex, Writer
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,8 @@ class HybridEngine:
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
         from engine.live.follower import Follower
-        from engine.live.locks import ViewLock, claim_writer
+        from engine.live.locks import claim_writer
+        from engine.live.view import IndexView
         from engine.live.writer import LiveIndex
 
         self.settings = settings
@@ -83,9 +86,9 @@ class HybridEngine:
         self.manifest: Manifest = read_manifest(index_dir)
         writer_lock = claim_writer(index_dir) if writable else None
         self.device = pick_device(settings.device)
-        self.store = DocStore(index_dir / DOCS_FILE)
-        self.allowed = AllowedSets(self.store)  # a filter's chunks, kept per store version
-        self.bm25 = LuceneIndex(
+        store = DocStore(index_dir / DOCS_FILE)
+        self.allowed = AllowedSets(store)  # a filter's chunks, kept per store version
+        bm25 = LuceneIndex(
             index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable, fields=self.manifest.bm25_fields
         )
         self.retrieval_device = retrieval_device = (
@@ -100,24 +103,24 @@ class HybridEngine:
             settings.query_encoder_quantize,
         )
         checkpoint = latest_dense(index_dir)
-        self.dense = DenseRetriever(checkpoint, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device)
-        if writable and not self.dense.accepts_deletes:
+        dense = DenseRetriever(checkpoint, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device)
+        self.view: IndexView = IndexView(index_dir, self.manifest, store, bm25, dense, settings.encode_batch_size)
+        if writable and not dense.accepts_deletes:
             raise IndexDirError(
                 f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
                 " writes; rebuild with --dense-index flat, or rebuild after changing the corpus"
             )
-        self.view_lock = ViewLock()
         self.live: LiveIndex | Writer | None = None
         self.follower: Follower | None = None
         if writable:
             self.live = LiveIndex(
-                self, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes, settings.followed
+                self.view, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes, settings.followed
             )
         elif follow is not None:
-            self.live, self.follower = follow, Follower(self)
+            self.live, self.follower = follow, Follower(self.view)
         else:
             self._check_settled(index_dir, checkpoint.seq)
-            self.bind_units()
+            self.view.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.adapted, self.adapt_card = self._load_adapted(index_dir / ADAPT_DIR)
@@ -138,24 +141,27 @@ class HybridEngine:
                 " without a checkpoint); run `hybrid-search compact` when no server writes it"
             )
 
-    def bind_units(self) -> None:
-        """Name the dense rows by the store's map; refuses stores that disagree (a missing or stale
-        file), which would otherwise answer with the wrong documents."""
-        self.dense.bind(self.store.unit_ids_by_row())
-        if self.bm25.documents != len(self.dense.units):
-            raise IndexDirError(
-                f"{self.bm25.path}: {self.bm25.documents} documents for {len(self.dense.units)} in the store"
-                f" ({DOCS_FILE}); rebuild the index"
-            )
+    # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)
+    @property
+    def store(self) -> DocStore:
+        return self.view.store
+
+    @property
+    def bm25(self) -> LuceneIndex:
+        return self.view.bm25
+
+    @property
+    def dense(self) -> DenseRetriever:
+        return self.view.dense
+
+    @property
+    def view_lock(self) -> ViewLock:
+        return self.view.lock
 
     def retrievers(self) -> dict[str, Retriever | None]:
         """The first-stage retrievers a search runs, by stage name (None: the index has no memory);
         read per search, since a follower swaps its dense view."""
         return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
-
-    def encode_texts(self, texts: list[str]) -> np.ndarray:
-        """Dense vectors for new chunks, batched, on the engine's device."""
-        return encode(self.dense.encoder, texts, self.settings.encode_batch_size)
 
     def close(self) -> None:
         """Checkpoint live writes (if any) and release the index."""
