@@ -4,7 +4,8 @@ Each training query runs through the engine as a new query would, left out of th
 (otherwise the memory hands it its own labels and the model learns to trust the memory blindly);
 every RRF candidate becomes a row of :data:`engine.fusion.learned.FEATURES` labelled with its grade.
 LightGBM LambdaMART, deterministic: the same index and judgments give the same model. 15 leaves and
-200 trees were chosen on dev (``python -m benchmarks.learned_fusion``).
+200 trees were chosen on dev (``benchmarks/results/learned-fusion-dev.json``; docs/experiments.md,
+"Retired benchmarks").
 """
 
 from __future__ import annotations
