@@ -56,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--distil-from",
         metavar="DIR",
-        help="then distil this trained reranker into the index's CPU student (3 layers, 96 tokens; ~35 min on"
-        " 2 cores); DIR must not be <index-dir>/reranker",
+        help="then distil this trained reranker into the index's CPU student (3 layers, 96 tokens; its time:"
+        " docs/cpu-reranking.md); DIR must not be <index-dir>/reranker",
     )
     p.add_argument(
         "--distil-steps", type=int, default=300, help="with --distil-from: the student's training steps (default 300)"

@@ -16,9 +16,9 @@ console = Console()
 TRAIN_EPILOG = """examples:
   hybrid-search train-reranker                     # GPU: one pass over every training query
   hybrid-search train-reranker --max-steps 420 --lr 2e-4 --freeze-layers 2 --max-length 128 \\
-      --eval-every 140                            # bounded CPU run: ~36 minutes on 2 cores
+      --eval-every 140                            # the bounded CPU recipe (its time: docs/experiments.md)
   hybrid-search train-reranker --distil-from teacher/ --student-layers 3 --max-length 96 \\
-      --max-steps 300 --lr 2e-4 --eval-every 100  # the CPU student: ~35 minutes on 2 cores"""
+      --max-steps 300 --lr 2e-4 --eval-every 100  # the CPU student (its time: docs/cpu-reranking.md)"""
 
 
 def _judgments_option(p: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="(re)train the learned fusion of an existing index (`build` already trains one)",
         description="Train a LightGBM LambdaMART fusion over every retriever's ranks and scores on the train"
         " judgments (each training query left out of the judgment memory) and save it into <index-dir>/fusion;"
-        " the card compares it with RRF on dev. About 3 minutes on NFCorpus on 2 CPU cores.",
+        " the card compares it with RRF on dev (its time: docs/configuration.md#why-these-defaults-the-figures).",
     )
     _judgments_option(p)
     p.add_argument("--queries", type=int, help="sample this many training queries (default all)")

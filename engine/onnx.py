@@ -1,7 +1,8 @@
 """Models on ONNX Runtime: tracing, sessions, and the query encoder (the same embeddings as
-sentence-transformers, 3-4x faster a query; with int8 weights ~1.5x faster again, within cosine
-0.999); the cross-encoder's session is the reranker's own
-(:mod:`engine.rerank.onnx`: the same scores as eager torch, about 1.6x faster on a CPU).
+sentence-transformers, faster a query; with int8 weights faster again, the embeddings a little
+further from fp32's); the cross-encoder's session is the reranker's own
+(:mod:`engine.rerank.onnx`: the same scores as eager torch, faster on a CPU). The figures:
+docs/configuration.md, "Why these defaults".
 
 A model is traced once into ``onnx/<file>`` beside its weights, or in the user's cache when that
 folder is read-only, and re-traced when the weights are newer or the trace was made by an older
@@ -33,21 +34,23 @@ ENCODER_INT8_FILE = "query-encoder-int8.onnx"
 # Its recipe: ONNX Runtime's MatMulNBits, 8-bit symmetric weights in blocks of 16 along each weight's
 # input dimension, accuracy level 4 (int8 products, the activations quantized per block). A ~10-token
 # query reads every weight once, so fp32 costs what memory delivers (42 MB of MiniLM's matrices);
-# int8 reads a quarter. Per-tensor dynamic int8 was as fast but moved the embeddings to cosine 0.985;
-# blocks of 16 keep them within 0.9995, blocks of 64 within 0.999 (docs/experiments.md).
+# int8 reads a quarter. Per-tensor dynamic int8 was faster still but moved the embeddings far more;
+# blocks of 16 kept them the closest to fp32's of the recipes that paid (docs/experiments.md, "The
+# query encoder in int8").
 ENCODER_INT8_RECIPE = "matmul-nbits-8bit-block16-accuracy4"
 SOURCE_KEY = "hybrid_search_made_from"  # the fp32 trace an int8 copy was made from: "size:mtime_ns"
 # The recipe of a trace; a model traced by another one is traced again. "eager-attention": attention
 # written out as plain matrix products. Traced through PyTorch's SDPA, every layer carried the
-# NaN-guarding Where and IsNaN of its mask over the whole score tensor: 10% of a 3-layer model's
-# time on a CPU (103 -> 93 ms for 20 pairs of 96 tokens in int8), for the same scores.
+# NaN-guarding Where and IsNaN of its mask over the whole score tensor, a share of a 3-layer model's
+# time on a CPU worth removing for the same scores (docs/cpu-reranking.md, what each ms was).
 TRACE = "eager-attention"
 TRACE_KEY = "hybrid_search_trace"
 # Intra-op threads of one query's encoding: none but the caller's. A query is ~10 tokens, a few small
-# products: on 2 cores a pool of 2 saved ~1 ms of ~2 for a lone caller at best, and on the cores shared
-# with other work it was slower even alone (2.3 -> 5.7 ms p50, docs/experiments.md). Its worker spins after
-# each run beside the stages that follow (the reranker's own pool), and with several requests in
-# flight each caller's thread already fills a core, so a pool would put more threads than cores to work.
+# products: on 2 cores a pool of 2 saved little for a lone caller at best, and on the cores shared with
+# other work it was slower even alone (docs/experiments.md, "The query encoder on ONNX Runtime"). Its
+# worker spins after each run beside the stages that follow (the reranker's own pool), and with several
+# requests in flight each caller's thread already fills a core, so a pool would put more threads than
+# cores to work.
 QUERY_THREADS = 1
 
 

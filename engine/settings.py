@@ -57,14 +57,14 @@ class EngineSettings(BaseModel):
     )
     query_encoder_runtime: Literal["auto", "torch", "onnx"] = Field(
         "auto",
-        description="what encodes a query: auto = ONNX Runtime on a CPU (the same embeddings, 3-4x faster), torch"
-        " on CUDA; batches (build, ingest) stay on torch",
+        description="what encodes a query: auto = ONNX Runtime on a CPU (the same embeddings, faster a query), torch"
+        " on CUDA; batches (build, ingest) stay on torch (docs/configuration.md#why-these-defaults-the-figures)",
     )
     query_encoder_quantize: Literal["none", "int8"] = Field(
         "none",
-        description="int8 = the ONNX query encoder with int8 weights (8-bit blocks of 16): ~1.5x faster a query on"
-        " a CPU, embeddings within cosine 0.999 of fp32; on NFCorpus dev the served stage within 0.001 nDCG@10,"
-        " three others 0.0012-0.0022 (docs/benchmarks.md); none = fp32",
+        description="int8 = the ONNX query encoder with int8 weights (8-bit blocks of 16): faster a query on a CPU,"
+        " its embedding checked against fp32's at load; not the default, since some dev stages moved more than a"
+        " default may (docs/configuration.md#why-these-defaults-the-figures); none = fp32",
     )
     memory: bool = Field(True, description="fuse the judgment memory when the index has one")
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote in the judgment memory")
@@ -102,15 +102,17 @@ class EngineSettings(BaseModel):
         description="pairs a reranker pass scores (default 128 on CUDA, one pass for a query's 100; 32 on CPU)",
     )
     rerank_runtime: Literal["auto", "torch", "onnx"] = Field(
-        "auto", description="auto = ONNX Runtime on a CPU (same scores, ~1.6x faster), torch fp16 on CUDA"
+        "auto",
+        description="auto = ONNX Runtime on a CPU (the same scores, faster), torch fp16 on CUDA"
+        " (docs/configuration.md#why-these-defaults-the-figures)",
     )
     rerank_quantize: Literal["auto", "none", "int8", "bf16"] = Field(
         "auto",
-        description="int8 = ONNX Runtime's dynamic int8 reranker, smoothed on the index's text: 1.2-1.5x the"
-        " pairs per second on a CPU for ~0.001 dev nDCG@10 (2x on a CPU with VNNI); bf16 = torch in bfloat16 on"
-        " a CPU with native bf16 (AVX512-BF16 or AMX): ~1.8x the pairs per second of fp32, the same ranking"
-        " within 0.001; auto = int8 for a distilled CPU student (its model card says so), else bf16 on a CPU"
-        " with native bf16, else none",
+        description="int8 = ONNX Runtime's dynamic int8 reranker, smoothed on the index's text: more pairs per"
+        " second on a CPU (most with VNNI) at a small cost in dev nDCG@10; bf16 = torch in bfloat16 on a CPU with"
+        " native bf16 (AVX512-BF16 or AMX): more pairs per second than fp32 there, the same dev ranking; auto ="
+        " int8 for a distilled CPU student (its model card says so), else bf16 on a CPU with native bf16, else"
+        " none (docs/configuration.md#why-these-defaults-the-figures)",
     )
     rerank_cache_size: int = Field(
         20_000, ge=0, description="(query, document) scores kept for repeated questions; 0 = no cache"
@@ -161,19 +163,21 @@ class EngineSettings(BaseModel):
     )
 
     def rerank_depth_for(self, device: str) -> int:
-        """On a CPU the cross-encoder is the cost: the top 20 at 96 tokens (the README's CPU table)
-        keep a query near 0.3 s with the trained reranker; a GPU scores 100 pairs in milliseconds."""
+        """On a CPU the cross-encoder is the cost: the top 20 at 96 tokens keep a query with the
+        trained reranker interactive, and a GPU scores 100 pairs in less time than that (the figures:
+        docs/configuration.md, "Why these defaults")."""
         return self.rerank_depth or (CUDA_RERANK_DEPTH if device == "cuda" else CPU_RERANK_DEPTH)
 
     def rerank_batch_for(self, device: str) -> int:
-        """On an H100 a query's 100 pairs in one pass of 128 took the rerank stage from 38 to 25 ms
-        (batches of 32 launch every kernel four times); a CPU gains nothing from larger batches."""
+        """On CUDA a query's 100 pairs go in one pass of 128, not four of 32 that launch every kernel
+        four times, so the rerank stage ran faster on an H100 (docs/configuration.md, "Why these
+        defaults"); a CPU gains nothing from larger batches."""
         return self.rerank_batch_size or (CUDA_RERANK_BATCH if device == "cuda" else CPU_RERANK_BATCH)
 
     def rerank_length_cap(self, device: str) -> int | None:
         """On a CPU, unless ``max_length`` says otherwise, no more than 96 tokens a pair: every pair
-        fills the window (abstracts run ~400 tokens), and 96 of a 128-token model's tokens score the
-        same dev nDCG@10 (0.4480 against 0.4481) for 1.3x the pairs per second."""
+        fills the window (an abstract runs far longer), and 96 of a 128-token model's tokens scored the
+        same dev nDCG@10 for more pairs per second (docs/cpu-reranking.md)."""
         return CPU_RERANK_MAX_LENGTH if device == "cpu" and self.max_length is None else None
 
     @property

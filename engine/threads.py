@@ -11,10 +11,10 @@ def for_queries() -> None:
 
     A query ran torch in one short burst (the query encoder; now ONNX Runtime on a CPU unless
     ``query_encoder_runtime`` says torch), then the tokenizer's and ONNX Runtime's thread pools;
-    torch's spinning OpenMP workers held the cores those pools wanted. With
-    them asleep, 40 dev queries x 3 runs on 2 cores, 3-layer student in int8: tokenizing 20 pairs
-    6.4 -> 3.8 ms, the model 92 -> 90 ms, the rerank stage 100 -> 96 ms; the encoder's own forward
-    pass is as fast. Training keeps OpenMP's default: its back-to-back torch operations ran 3-6%
-    slower with sleeping workers.
+    torch's spinning OpenMP workers held the cores those pools wanted. With them asleep the
+    tokenizer, the model and the rerank stage ran faster on 2 cores, and the encoder's own forward
+    pass as fast. Training keeps OpenMP's default: its back-to-back torch operations ran slower
+    with sleeping workers. The figures: docs/experiments.md, "2026-11-24 · CPU reranking: the trace,
+    the tokenizer and smoothed int8" (OpenMP workers spinning).
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -21,7 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 log = logging.getLogger(__name__)
-IVF_FROM = 200_000  # below this, exact search is fast enough (~13 ms at 100k on 2 cores) and exact
+# below this, exact search is fast enough, and exact (docs/configuration.md, "Why these defaults")
+IVF_FROM = 200_000
 TARGET_RECALL = 0.95
 # k-means points a list: FAISS warns below 39; its default of 256 made training at 1M chunks take
 # minutes for no measured recall (nprobe is tuned after it)

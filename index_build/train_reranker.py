@@ -107,7 +107,7 @@ DISTILLATION = ("distil_from", "student_layers", "distil_weight")  # the flags' 
 def student_options(teacher: str, steps: int = 300) -> TrainOptions:
     """The CPU student recipe the README's table measured: 3 of the teacher's 6 layers (2 fell below
     the fused order), the 96 tokens a CPU serves (train with ``max_length=CPU_RERANK_MAX_LENGTH``), 300
-    steps of 8 groups at 2e-4, checkpoints every 100: 35 minutes on 2 cores for the NFCorpus student."""
+    steps of 8 groups at 2e-4, checkpoints every 100 (its time on 2 cores: docs/cpu-reranking.md)."""
     return TrainOptions(
         base=teacher, distil_from=teacher, student_layers=3, max_steps=steps, lr=2e-4, eval_every=max(1, steps // 3)
     )
@@ -291,7 +291,8 @@ def _keep_layers(model, layers: int | None) -> None:
 
 def _freeze_lower_layers(model, layers: int) -> None:
     """Freeze the embeddings and the first ``layers`` transformer layers: on a CPU the backward pass
-    then stops early (MiniLM-L6, 3 frozen: 1.6x the pairs per second) and a short run moves less."""
+    then stops early (more pairs a second: docs/configuration.md, "Why these defaults") and a short
+    run moves less."""
     if layers <= 0:
         return
     blocks = _encoder_layers(model, "--freeze-layers")

@@ -26,8 +26,8 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
     """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles.
 
     REST and A2A go through aiohttp, kept-alive connections, one a client: the load client shares the
-    server's cores here, and httpx spent 1.5-1.9 ms of CPU a request to aiohttp's 0.5-0.65
-    (docs/benchmarks.md), CPU the server's figures then lacked. MCP goes through the official client (httpx inside)."""
+    server's cores here, and httpx spent several times aiohttp's CPU a request (docs/experiments.md,
+    "The load client"), CPU the server's figures then lacked. MCP goes through the official client (httpx inside)."""
     import aiohttp
 
     latencies: list[float] = []

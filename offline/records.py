@@ -2,8 +2,8 @@
 
 The ``provenance`` block names the command line, the commit of the checkout it ran in (and the
 files that differed from it), the settings, the UTC time and the machine. VMs that describe
-themselves alike differ ~2x in speed, so the machine carries a float32 matmul's GFLOP/s: compare a
-timing only with timings taken at a similar GFLOP/s.
+themselves alike differ widely in speed (docs/benchmarks.md#provenance), so the machine carries a
+float32 matmul's GFLOP/s: compare a timing only with timings taken at a similar GFLOP/s.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Deployments behind Serve's HTTP proxy (one port):
 
 - ``SearchReplica``, the ingress: the MCP + REST doors at ``/`` and the A2A agent at ``/a2a/``,
-  each replica with a read-only engine of its own (BM25, dense, judgment memory, fusion: CPU work
-  of ~60-80 ms a query). Retrieval stays beside the doors so that candidates and their texts never
+  each replica with a read-only engine of its own (BM25, dense, judgment memory, fusion: a query's
+  CPU work, docs/ray.md). Retrieval stays beside the doors so that candidates and their texts never
   cross the wire; the replicas are stateless (MCP runs stateless), so any replica answers any request.
 - ``RerankerReplica``: the cross-encoder, on a GPU when the cluster has one, scoring the queries of
   every search replica together with ``@serve.batch`` (the cross-request batching that

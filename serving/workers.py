@@ -232,7 +232,8 @@ class _Supervisor:
             log.info("the reranker process serving %s on %s", described["name"], described["device"])
             if described["device"] == "cuda" and self.settings.engine.retrieval_device == "auto":
                 # one owner of the GPU: the workers encode queries and search vectors on the CPU
-                # (at 4 workers on an H100: p50 27 ms against 31, 112 queries/s against 83, docs/gpu.md)
+                # (at 4 workers on an H100 it answered sooner and more queries a second:
+                # docs/gpu.md#the-serving-path-on-an-h100-2026-11-26)
                 self.settings = self.settings.with_values(retrieval_device="cpu")
         self._start_workers()
 

@@ -4,15 +4,15 @@
 request time means a compilation of seconds inside a query. So every pass is padded up to a
 bucket: its pairs to the next of a few batch sizes, its width to the next of a few lengths (64,
 128, 256, 512, never past the window), and :meth:`CompiledPasses.warm` runs each bucket before the
-server says it is ready. The model is compiled with dynamic shapes (as the H100's 2.9 ms was
-measured), so the buckets share one compilation where the guards allow rather than costing one
+server says it is ready. The model is compiled with dynamic shapes (as it was timed on the H100,
+docs/gpu.md), so the buckets share one compilation where the guards allow rather than costing one
 each. A pass's padding rows attend to their first token only (a row attending to nothing is not
 defined), and their logits are dropped. :class:`~engine.rerank.cross_encoder.Reranker` builds one
 when its plan says (``rerank_compile`` with the torch runtime, on CUDA or a CPU).
 
-Not CUDA graphs (``mode="reduce-overhead"``, 2.6 ms for 100 pairs on the H100 against 2.9 for
-this): a graph is recorded for the thread that ran it, and a server's searches call the model from
-several threads.
+Not CUDA graphs (``mode="reduce-overhead"``, a little faster still on the H100: docs/gpu.md): a
+graph is recorded for the thread that ran it, and a server's searches call the model from several
+threads.
 """
 
 from __future__ import annotations

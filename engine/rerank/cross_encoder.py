@@ -70,7 +70,8 @@ class PairPreparer:
     def __init__(self, tokenizer, max_length: int, cache: PairCache | None = None) -> None:
         self.max_length = max_length
         # the torch path reads the same token arrays as ONNX Runtime: tokenizing 100 pairs through
-        # CrossEncoder.predict took ~200 ms of CPU a query on the H100 machine, 20x the GPU's work
+        # CrossEncoder.predict cost many times the GPU's own work in CPU (docs/gpu.md, where a query's
+        # time went)
         self.tokenize = PairTokenizer(tokenizer, max_length)
         self.assembler = PairAssembler.create(tokenizer, max_length)
         self.text_tokens = self.assembler.tokenizer if self.assembler is not None else None

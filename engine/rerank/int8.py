@@ -6,8 +6,8 @@ SmoothQuant (Xiao et al., 2023) moves that range into the weights, which are qua
 channel: every product ``X @ W`` with a constant ``W`` becomes ``(X / s) @ (s * W)``, with
 ``s = max|X_j| ** ALPHA / max|W_j| ** (1 - ALPHA)`` per input channel ``j``, the ``max|X_j|`` read
 from the fp32 model on calibration pairs (one ``Mul`` per activation, shared by the products that
-read it). On the 3-layer student, 20 dev queries' top 20: Spearman's rho with fp32 0.923 plain,
-0.986 smoothed, for ~3 ms of the 90 (the Mul nodes).
+read it). On the 3-layer student, smoothing brought the int8 ranking much closer to fp32's than
+plain int8, for a few ms of Mul nodes (docs/cpu-reranking.md, smoothed int8).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from engine.onnx import recorded
 
 log = logging.getLogger(__name__)
 # Share of each channel's range moved into the weights: 0.5 (the paper's default for LLMs) lost
-# agreement here (rho 0.913), 0.7 / 0.8 / 0.9 / 1.0 gave 0.972 / 0.982 / 0.986 / 0.984.
+# agreement with fp32 here, and 0.9 agreed best of 0.7 to 1.0 (the sweep: docs/experiments.md,
+# "2026-11-24 · CPU reranking: the trace, the tokenizer and smoothed int8").
 ALPHA = 0.9
 RECIPE_KEY = "hybrid_search_int8"
 SMOOTHED = f"smoothquant-{ALPHA}"
@@ -37,8 +38,8 @@ def quantize_int8(traced: Path, path: Path, calibration: Sequence[Feed] = ()) ->
     when given; returns the recipe, which the file also records (:func:`recipe`).
 
     Only products with a constant weight are quantized, per output channel: the attention's own
-    products stay fp32, and so do the embeddings (int8 tables cost rank agreement, rho 0.945 ->
-    0.932, for no speed).
+    products stay fp32, and so do the embeddings (int8 tables cost rank agreement for no speed:
+    docs/cpu-reranking.md, smoothed int8).
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -1,5 +1,6 @@
-"""The cross-encoder on ONNX Runtime: the same scores as eager torch, about 1.6x faster on a CPU,
-and int8 where asked (:mod:`engine.rerank.int8`), smoothed on the caller's text."""
+"""The cross-encoder on ONNX Runtime: the same scores as eager torch, faster on a CPU, and int8 where
+asked (:mod:`engine.rerank.int8`), smoothed on the caller's text. The figures: docs/configuration.md,
+"Why these defaults"."""
 
 from __future__ import annotations
 

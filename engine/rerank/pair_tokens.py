@@ -4,9 +4,10 @@ passage as it keeps: the path for pairs that cannot be made from the index's tok
 
 A pair keeps ``max_length`` tokens and an NFCorpus abstract runs ~400, so most of a passage is
 dropped. Through the Hugging Face tokenizer, passages cut at 16 characters a token, a 20-pair query
-took ~9 ms to tokenize on 2 cores; reading each only up to the last space before ``FIRST_CUT``
+took milliseconds to tokenize on 2 cores; reading each only up to the last space before ``FIRST_CUT``
 characters a token, and again in full only when that came up short of the window, gives the same
-tokens in ~3.5 ms.
+tokens in much less time (docs/experiments.md, "2026-11-24 · CPU reranking: the trace, the
+tokenizer and smoothed int8").
 """
 
 from __future__ import annotations

@@ -108,8 +108,8 @@ def plan_reranker(
 
 def _auto_precision(card_quantize: str, device: str, runtime: str, bf16_native: bool) -> str:
     """``--rerank-quantize auto``: a distilled CPU student as its card says (int8); with the runtime
-    left to auto too, on a CPU with native bf16, bf16 (the same ranking within 0.001 dev nDCG@10,
-    docs/cpu-reranking.md); anything else runs as trained."""
+    left to auto too, on a CPU with native bf16, bf16 (the same dev ranking as fp32, faster:
+    docs/cpu-reranking.md#bf16-on-a-cpu-that-multiplies-bf16); anything else runs as trained."""
     if device != "cpu":
         return "none"
     if card_quantize != "none":
@@ -119,7 +119,7 @@ def _auto_precision(card_quantize: str, device: str, runtime: str, bf16_native: 
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where a bf16 model runs
-    ~1.8x the pairs per second of fp32; elsewhere bf16 is emulated and slower than fp32."""
+    more pairs a second than fp32 (docs/cpu-reranking.md); elsewhere bf16 is emulated and slower."""
     import torch
 
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes (2.x)

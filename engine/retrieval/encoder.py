@@ -81,8 +81,8 @@ def load_query_encoder(model, name: str, device: str, runtime: str = "auto", qua
     """What encodes one text at a time for ``model`` (the served encoder ``name``); batches (build,
     ingest) stay on ``model``, so the index's vectors do not change.
 
-    ``auto``: ONNX Runtime on a CPU (the same embeddings within cosine 0.999, 3-4x faster a query:
-    docs/experiments.md), torch on CUDA, where the served fp16 model is on the GPU already. ``onnx``
+    ``auto``: ONNX Runtime on a CPU (the same embeddings, held to ``PROBE_COSINE`` at load, and faster
+    a query: docs/experiments.md), torch on CUDA, where the served fp16 model is on the GPU already. ``onnx``
     on CUDA uses onnxruntime-gpu's provider when installed. An ONNX encoder that cannot be made, or
     whose embedding of ``PROBE`` is not torch's, fails ``onnx`` and is logged under ``auto``, where
     torch serves.
