@@ -11,27 +11,24 @@ and a reliability plot. Writes ``benchmarks/results/calibration-<split>.json`` a
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import options
 from engine.fusion.calibration import expected_calibration_error
 from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.progress import track
 from offline.records import write_result
-from serving.settings import Settings
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", default="dev")
+    parser = options.parser(__doc__, *options.WHERE, split=True)
     parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results"))
-    args = parser.parse_args()
-    settings = Settings()
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results"), help="the results' folder")
+    args, settings = options.load(parser)
     dataset = load_dataset(settings.build.data_dir)
     qrels = dataset.qrels(args.split)
     engine = HybridEngine(settings.engine)

@@ -18,7 +18,6 @@ again (the volume's index reused, the document still there); a missing and a cor
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,6 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from benchmarks import options
 from offline.records import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -536,7 +536,7 @@ def compose_checks(args, work: Path, volume: str, check: Check, report: dict) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.container", description=__doc__.split("\n\n")[0])
+    p = options.parser(__doc__, output="container.json", prog="python -m benchmarks.container")
     p.add_argument("--dataset", type=Path, default=ROOT.parent / "shared/datasets/nfcorpus", help="BEIR dataset folder")
     p.add_argument(
         "--base",
@@ -562,7 +562,6 @@ def main(argv: list[str] | None = None) -> int:
         help="with --reranker: compiling forced on (the torch runtime), to show the image serves eager without a"
         " compiler and says why in /health",
     )
-    p.add_argument("--output", type=Path, default=ROOT / "benchmarks/results/container.json")
     args = p.parse_args(argv)
     if args.rerank_compile and args.reranker is None:
         p.error("--rerank-compile needs --reranker")

@@ -29,15 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import options
 from engine import threads
 from engine.rerank.pair_cache import PairCache
 from engine.search import HybridEngine
 from engine.settings import EngineSettings
-from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.door_load import door_load
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test, sample_queries
-from offline.latency import machine_name
 from offline.progress import track
 from offline.records import write_result
 from offline.server_process import free_port, serve_args, start_server, stop_server, wait_until_up
@@ -191,26 +190,19 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     threads.for_queries()  # as `serve` runs: its A2A process and the in-process stage alike
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = options.parser(__doc__, *options.WHERE, split=True, num_queries=True, output="{machine}/cpu-rerank.json")
     parser.add_argument("--variant", type=Variant.parse, action="append", default=[], metavar="SPEC")
-    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
-    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
-    parser.add_argument("--split", default="dev")
-    parser.add_argument("--num-queries", type=int, help="sample N judged queries of the split (default: all)")
     parser.add_argument("--timed-queries", type=int, default=60, help="queries timed at each depth (default 60)")
     parser.add_argument("--e2e-queries", type=int, default=60, help="A2A requests per variant (default 60)")
     parser.add_argument("--replay", action="store_true", help="also measure the pair cache's hit rate")
-    parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/<machine>/cpu-rerank.json)")
     parser.add_argument("--table", type=Path, metavar="JSON", help="only print the markdown table of an earlier run")
-    args = parser.parse_args()
+    args, _ = options.load(parser)
     if args.table:
         print(markdown(json.loads(args.table.read_text())))
         return
     if not args.variant:
         parser.error("give at least one --variant NAME=FOLDER[:int8][:MAX_LENGTH]")
-    dataset = load_dataset(args.data)
+    dataset = load_dataset(args.data_dir)
     queries, qrels = sample_queries(dataset.split_queries(args.split), args.num_queries, 42), dataset.qrels(args.split)
     rows, runs = [], []
     for variant in args.variant:
@@ -224,8 +216,7 @@ def main() -> None:
     report["variants"] = rows
     if args.replay:
         report["cache_replay"] = replay_hit_rate(args, dataset)
-    out = args.output or Path("benchmarks/results") / machine_name() / "cpu-rerank.json"
-    write_result(out, report, vars(args))
+    out = write_result(args.output, report, vars(args))
     print(markdown(report))
     print(f"wrote {out}")
 

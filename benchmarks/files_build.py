@@ -11,13 +11,13 @@ into an empty index one by one (what ``ingest`` and POST /documents do) and refr
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import options
 from engine.settings import EngineSettings
 from engine.text import chunk_text
 
@@ -129,15 +129,14 @@ def measure(dataset: Path, files: int, live: int, work: Path) -> dict:
 def main() -> None:
     from offline.records import write_result
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
+    p = options.parser(__doc__, "data_dir")
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--live", type=int, default=200, help="documents sent through the live ingest path")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-2core/files-build.json"))
-    args = p.parse_args()
+    args, _ = options.load(p)
     work = Path(tempfile.mkdtemp(prefix="files-build-"))
     try:
-        report = measure(args.data, args.files, args.live, work)
+        report = measure(args.data_dir, args.files, args.live, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write_result(args.out, report, vars(args))

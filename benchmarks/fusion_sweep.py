@@ -8,28 +8,22 @@ Writes ``benchmarks/results/fusion-sweep-<split>.json``: ``rows`` sorted by nDCG
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from pathlib import Path
 
+from benchmarks import options
 from engine.fusion.rrf import reciprocal_rank_fusion
 from engine.search import HybridEngine
-from engine.settings import EngineSettings
-from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.evaluation import evaluate_run
 from offline.records import write_result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", default="dev")
-    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
-    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
-    args = parser.parse_args()
-    dataset = load_dataset(args.data)
+    args, settings = options.load(options.parser(__doc__, *options.WHERE, split=True))
+    dataset = load_dataset(args.data_dir)
     qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
-    engine = HybridEngine(EngineSettings(index_dir=args.index_dir, rerank=False))
+    engine = HybridEngine(settings.with_values(rerank=False).engine)
     vectors = {q: engine.dense.encode_query(t) for q, t in queries.items()}
     bm25 = {q: [d for d, _ in engine.bm25.search(t, 100)] for q, t in queries.items()}
     dense = {q: [d for d, _ in engine.dense.search(vectors[q], 100)] for q in queries}

@@ -12,7 +12,6 @@ so the figures are the live index's own cost. Writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -22,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks import options
 from engine.documents import DocumentIn, Filters
 from engine.settings import EngineSettings
-from index_build.settings import BuildSettings
-from offline.latency import machine_name, percentiles
+from offline.latency import percentiles
 from offline.records import write_result
 
 
@@ -147,17 +146,15 @@ def recovery(settings: EngineSettings, n: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
+    parser = options.parser(__doc__, *options.WHERE, output="{machine}/live-ingest.json")
     parser.add_argument("--documents", type=int, default=300)
     parser.add_argument("--probes", type=int, default=30, help="writes timed from acknowledgement to searchable")
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--recovery", default="100,1000", help="logged records to replay after a crash")
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
+    args, _ = options.load(parser)
     from offline.dataset import load_dataset
 
-    queries = list(load_dataset(BuildSettings().data_dir).split_queries("dev").values())[: args.queries]
+    queries = list(load_dataset(args.data_dir).split_queries("dev").values())[: args.queries]
     report: dict = {"index": str(args.index_dir)}
     with tempfile.TemporaryDirectory(prefix="live-bench-") as tmp:
         copy = Path(tmp) / "index"
@@ -171,7 +168,7 @@ def main() -> None:
         settings = fresh()
         report["search"] = [search_latency(settings, queries, False), search_latency(settings, queries, True)]
         report["recovery"] = [recovery(fresh(), int(n)) for n in args.recovery.split(",")]
-    write_result(args.output or Path("benchmarks/results") / machine_name() / "live-ingest.json", report, vars(args))
+    write_result(args.output, report, vars(args))
     print(json.dumps(report, indent=2))
 
 

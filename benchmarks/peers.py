@@ -36,13 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import options
 from engine import threads
 from engine.settings import EngineSettings
 from engine.store.index_dir import MANIFEST_FILE, latest_dense, read_manifest
-from index_build.settings import BuildSettings
 from offline.dataset import fingerprint, load_dataset
 from offline.evaluation import Qrels, Run, evaluate_run, paired_test, sample_queries
-from offline.latency import machine_name, percentiles
+from offline.latency import percentiles
 from offline.records import write_result
 
 TOP_K = 10
@@ -264,7 +264,7 @@ def build_peers(args: argparse.Namespace) -> tuple[list[Peer], Callable[[str], n
     """The five rows, LanceDB first (the one every row's paired test is against), the query encoder
     the hybrid rows share, and what they read."""
     supervised = open_engine(args.index_dir)
-    plain = open_engine(no_judgments_index(args.data, args.cache.resolve()))
+    plain = open_engine(no_judgments_index(args.data_dir, args.cache.resolve()))
     corpus = read_corpus(args.index_dir, supervised)
 
     def encode(query: str) -> np.ndarray:
@@ -306,18 +306,14 @@ def main() -> None:
     # LanceDB's Rust core logs two deprecation warnings per hybrid query (scores it will stop adding to the
     # selected columns) to stderr: thousands of lines, and writing them would be counted in its latency
     os.environ.setdefault("LANCEDB_LOG", "error")
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    named = {"index_dir": "the supervised index"}
+    parser = options.parser(
+        __doc__, *options.WHERE, split=True, num_queries=True, output="{machine}/peers.json", help=named
     )
-    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir, help="the supervised index")
-    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
     parser.add_argument("--cache", type=Path, default=Path("indexes/peers"), help="the no-judgments index, LanceDB")
-    parser.add_argument("--split", default="dev")
-    parser.add_argument("--num-queries", type=int, help="sample N judged queries of the split (default: all)")
     parser.add_argument("--depth", type=int, default=100, help="candidates each LanceDB leg fetches (default 100)")
-    parser.add_argument("--output", type=Path, help="JSON file (default benchmarks/results/<machine>/peers.json)")
-    args = parser.parse_args()
-    dataset = load_dataset(args.data)
+    args, _ = options.load(parser)
+    dataset = load_dataset(args.data_dir)
     queries = sample_queries(dataset.split_queries(args.split), args.num_queries, 42)
     peers, encode, inputs = build_peers(args)
     rows = measure(peers, queries, dataset.qrels(args.split))
@@ -325,8 +321,7 @@ def main() -> None:
     report = {"split": args.split, "top_k": TOP_K, "concurrency": list(CONCURRENCY), **inputs}
     report |= {"paired_tests_against": peers[0].name, "rows": rows}
     report["versions"] = versions()
-    out = args.output or Path("benchmarks/results") / machine_name() / "peers.json"
-    write_result(out, report, vars(args))
+    out = write_result(args.output, report, vars(args))
     print(markdown(report))
     print(f"query encoding alone (in LanceDB's and our hybrid rows): p50 {inputs['query_encoding_ms']['p50']:.1f} ms")
     print(f"wrote {out}")

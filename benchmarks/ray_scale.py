@@ -24,7 +24,6 @@ The deployments are ``serve --ray``'s, the writer deployment included (idle but 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import options
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
 from offline.records import write_result
@@ -294,9 +294,7 @@ def killed_under_load(ray: RayDeployment, queries: list[str], clients: int, seco
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
-    parser.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
+    parser = options.parser(__doc__, *options.WHERE)
     parser.add_argument(
         "--cpus", type=int, default=4, help="logical CPUs of the local Ray cluster (default 4: two 2-CPU replicas)"
     )
@@ -307,11 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", default="", help="comma-separated parts to leave out: hop,same,replicas,kill,visible,writer"
     )
     parser.add_argument("--output", type=Path, help="results folder (default benchmarks/results/<machine>)")
-    args = parser.parse_args(argv)
+    args, loaded = options.load(parser, argv)
     skip = set(filter(None, args.skip.split(",")))
     # no pair cache: the same queries come back between parts and would be answered from it
-    settings = Settings(index_dir=args.index_dir, device="cpu", rerank_cache_size=0)
-    queries = list(load_dataset(args.data).split_queries("dev").values())
+    settings = loaded.with_values(device="cpu", rerank_cache_size=0)
+    queries = list(load_dataset(args.data_dir).split_queries("dev").values())
     report: dict = {"ray_cpus": args.cpus, "seconds": args.seconds}
     if "hop" not in skip:  # the single process first, alone on the machine
         port, log = free_port(), Path("/tmp/ray-scale-serve.log")

@@ -10,15 +10,11 @@ nDCG@10 gain over the fused order and a paired t-test's p-value. Writes
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 from tqdm import tqdm
 
+from benchmarks import options
 from engine.fusion.rrf import blend_reranking
 from engine.search import HybridEngine
-from engine.settings import EngineSettings
-from index_build.settings import BuildSettings
 from offline.dataset import load_dataset
 from offline.evaluation import continue_with_fused, evaluate_run, paired_test
 from offline.records import write_result
@@ -27,31 +23,19 @@ BLENDS = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", default="dev")
-    parser.add_argument("--index-dir", type=Path, default=EngineSettings().index_dir)
-    parser.add_argument("--data", type=Path, default=BuildSettings().data_dir)
+    parser = options.parser(
+        __doc__, *options.WHERE, "reranker", "max_length", split=True, output="rerank-sweep-{split}-{fusion}.json"
+    )
     parser.add_argument("--depths", default="6,10,15,20,30", help="comma-separated rerank depths")
+    # not the setting: the sweep reranks one fusion's order, learned by default
     parser.add_argument(
         "--fusion", choices=["learned", "rrf"], default="learned", help="fusion to rerank (default learned)"
     )
-    parser.add_argument("--reranker", help="CrossEncoder id or folder (default <index-dir>/reranker)")
-    parser.add_argument("--max-length", type=int, help="tokens per pair (default: the reranker's own)")
-    parser.add_argument(
-        "--output", type=Path, help="JSON file (default benchmarks/results/rerank-sweep-<split>-<fusion>.json)"
-    )
-    args = parser.parse_args()
+    args, loaded = options.load(parser)
     depths = sorted(int(d) for d in args.depths.split(","))
-    dataset = load_dataset(args.data)
+    dataset = load_dataset(args.data_dir)
     qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
-    settings = EngineSettings(
-        index_dir=args.index_dir,
-        reranker=args.reranker,
-        rerank_depth=depths[-1],
-        rerank_blend=1.0,
-        max_length=args.max_length,
-        fusion=args.fusion,
-    )
+    settings = loaded.with_values(rerank_depth=depths[-1], rerank_blend=1.0, fusion=args.fusion).engine
     engine = HybridEngine(settings)
     if engine.reranker is None:
         raise SystemExit(f"no reranker at {settings.reranker_path}: train one with `hybrid-search train-reranker`")
@@ -81,8 +65,7 @@ def main() -> None:
                 }
             )
     rows.sort(key=lambda r: -r["nDCG@10"])
-    out = args.output or Path("benchmarks/results") / f"rerank-sweep-{args.split}-{args.fusion}.json"
-    write_result(out, {"rows": rows}, vars(args))
+    write_result(args.output, {"rows": rows}, vars(args))
     for row in rows:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
 

@@ -15,7 +15,6 @@ documents still there; last, the dense files the checkpoint at the clean stop wr
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import threading
 import time
@@ -23,9 +22,10 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import options
 from offline.dataset import load_dataset
 from offline.door_load import bench_http
-from offline.latency import machine_name, percentiles
+from offline.latency import percentiles
 from offline.records import write_result
 from offline.server_process import (
     free_port,
@@ -37,7 +37,6 @@ from offline.server_process import (
     workers_up,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 WRITE_RATE, WRITE_SECONDS, SEARCHERS = 10, 60, 4
 
 
@@ -192,14 +191,13 @@ def measure(index: Path, queries: list[str], log: Path, live: bool) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = options.parser(__doc__, "data_dir", output="{machine}/scale-serving.json", help={"data_dir": "the dev queries"})
+    # required, not the setting's default: the index measured is a large one made for it
     p.add_argument("--index-dir", type=Path, required=True, help="the index measured (written to by --live)")
     p.add_argument("--baseline", type=Path, help="a small index measured the same way first (a copy)")
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared/datasets/nfcorpus", help="the dev queries")
     p.add_argument("--no-live", dest="live", action="store_false", help="leave out the live writes")
-    p.add_argument("--output", type=Path, default=ROOT / "benchmarks/results" / machine_name() / "scale-serving.json")
-    args = p.parse_args()
-    queries = list(load_dataset(args.data).split_queries("dev").values())[:200]
+    args, _ = options.load(p)
+    queries = list(load_dataset(args.data_dir).split_queries("dev").values())[:200]
     work = Path("/tmp/hybrid-search-scale-serving")
     work.mkdir(parents=True, exist_ok=True)
     report: dict = {}

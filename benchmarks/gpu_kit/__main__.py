@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import options
 from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, LEASE_MINUTES, MANIFEST, REHEARSED, STAGES, describe, plan_minutes
 
 HTTP_CLIENTS = (1, 64, 8)
@@ -236,16 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plan", help="the calls, what each carries and runs, and their expected minutes")
     pl.add_argument("--json", action="store_true", help="each call's minutes and the total, as JSON")
     pk = sub.add_parser("pack", help="here: write the parts and manifest into .gpukit/")
-    pk.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
-    pk.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
+    options.add(pk, *options.WHERE)
     pk.add_argument("--out", type=Path, default=Path(KIT_DIR))
     rn = sub.add_parser("run", help="there: take the carried part, install when complete, run stages")
     rn.add_argument("--stages", default="", help=f"comma-separated, of {', '.join(s.name for s in STAGES)}")
     rn.add_argument("--out", type=Path, required=True, help="where results.tar.gz goes (the device's $OUT)")
     rh = sub.add_parser("rehearse", help=f"here, on a CPU: the stages {', '.join(REHEARSED)}, small")
     rh.add_argument("--stages", default=",".join(REHEARSED), help="comma-separated (default: all of them)")
-    rh.add_argument("--index-dir", type=Path, default=Path("indexes/nfcorpus"))
-    rh.add_argument("--data", type=Path, default=Path("../shared/datasets/nfcorpus"))
+    options.add(rh, *options.WHERE)
     rh.add_argument("--out", type=Path, required=True, help="where each stage's log and results go")
     for verb in ("check", "http", *REHEARSED):
         stage_parser = sub.add_parser(verb, help=f"(a stage of run) {verb}")
@@ -266,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "pack":
         from benchmarks.gpu_kit.pack import pack
 
-        manifest = pack(args.index_dir, args.data, args.out)
+        options.resolve(args)
+        manifest = pack(args.index_dir, args.data_dir, args.out)
         print(json.dumps(manifest, indent=2))
         print(describe(len(manifest["parts"])))
         return 0
@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "rehearse":
         from benchmarks.gpu_kit.target import rehearse
 
-        return rehearse([s for s in args.stages.split(",") if s], args.index_dir, args.data, args.out)
+        options.resolve(args)
+        return rehearse([s for s in args.stages.split(",") if s], args.index_dir, args.data_dir, args.out)
     if args.verb == "compiled":
         return compiled(args.out, args.small)
     if args.verb == "dense":
