@@ -74,7 +74,13 @@ def main() -> None:
         " and compare the two builds' dev rankings",
     )
     parser.add_argument(
-        "--work", type=Path, default=Path("/tmp/hybrid-search-scale"), help="with --engine: corpus and index"
+        "--choice",
+        action="store_true",
+        help="the dense index `build` chooses (auto) at each of --sizes, vectors streamed through a file in --work"
+        " (benchmarks/scale_choice.py)",
+    )
+    parser.add_argument(
+        "--work", type=Path, default=Path("/tmp/hybrid-search-scale"), help="with --engine or --choice: where files go"
     )
     args = parser.parse_args()
     settings = Settings()
@@ -93,6 +99,15 @@ def main() -> None:
     dataset = load_dataset(settings.build.data_dir)
     texts = list(dataset.split_queries("dev").values())[: args.queries]
     queries = encode(load_encoder(settings.build.encoder, "cpu"), texts)
+    if args.choice:
+        from benchmarks.scale_choice import measure
+
+        out = Path("benchmarks/results") / machine_name()
+        for size in (int(s) for s in args.sizes.split(",")):
+            found = measure(base, queries, size, args.work)
+            print(json.dumps(found, indent=2), flush=True)
+            write_result(out / f"scale-choice-{size}.json", found, vars(args))
+        return
     rng = np.random.default_rng(0)
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
