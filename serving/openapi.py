@@ -1,193 +1,117 @@
 """``GET /openapi.json``: the HTTP routes of the MCP + REST port as an OpenAPI 3.1 document.
 
-Bodies and replies come from the same pydantic models the routes validate and answer with, so the
-document cannot drift from the code silently; schemathesis reads it to fuzz every route
-(``benchmarks.reliability``). The MCP endpoint (``/mcp``) speaks JSON-RPC and is described by
-its own ``tools/list``; the A2A port by its agent card.
+Written from the route table (:func:`serving.rest.routes`), whose entries say all the document needs:
+bodies and replies are the pydantic models the routes validate and answer with, so a route cannot be
+served undocumented, nor the document drift from the code silently. Schemathesis reads it to fuzz
+every route (``benchmarks.reliability``). The MCP endpoint (``/mcp``) is described by its own
+``tools/list``; the A2A port by its agent card.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
+
 from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, compile_path
 
-from agents.messages import Message
-from agents.solver import SolverRequest
-from agents.system import RagRequest
-from engine.documents import SEARCH_TOOL, DocumentIn, SearchRequest
-from serving.replies import ChunkResponse, SearchResponse
-from serving.search_service import REFRESH
-from serving.settings import Settings
+from engine.errors import ServiceError
 
-ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+Handler = Callable[[Request], Awaitable[Response]]
+JSON = "application/json"
+Schema = type[BaseModel] | dict | tuple | str  # a model, a JSON Schema, any of a tuple's, a text reply's media type
 OBJECT = {"type": "object"}
+TEXT = {"type": "string"}
+ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+UNKEYED = ("/health", "/metrics", "/v1/")  # the routes here that ``--key-all-doors`` leaves open (app.KeyGate)
+WHAT = {  # what an error status tells a caller, whichever failure answers it
+    400: "body is not JSON",
+    401: "no or unknown key",
+    403: "not allowed for this key or client",
+    404: "not found",
+    405: "the server is read-only",
+    413: "body over the size limit",
+    422: "the message names the field that is wrong",
+    429: "over the agent's rate; Retry-After says when",
+    502: "the LLM server failed and fallback is off",
+    503: "at capacity (admission control): Retry-After says when",
+    504: "took longer than the query timeout",
+    507: "no space left to log the write",
+}
 
 
-class _Spec:
-    """Collects component schemas while the paths are written."""
+class Op(NamedTuple):
+    """A route of the REST port and what the document says of it, declared together once."""
+
+    route: str  # "METHOD /path", the path Starlette's: its parameters are the operation's path parameters
+    endpoint: Handler
+    summary: str
+    replies: str | dict[int, str]  # what a 200 answers, or each success status with what it answers
+    errors: tuple[int | type[ServiceError], ...] = ()  # a status, or a failure whose kind carries its status
+    query: dict[str, dict] = {}  # query parameters, each with its schema
+    reply: Schema = OBJECT
+    body: type[BaseModel] | None = None
+    refusal: Schema = ERROR_REF  # what an error answers
+
+    def to_route(self) -> Route:
+        method, path = self.route.split(" ")
+        return Route(path, self.endpoint, methods=[method])
+
+
+class _Components:
+    """Collects the component schemas while the operations are written: each model once, shared."""
 
     def __init__(self) -> None:
-        self.components: dict[str, dict] = {"Error": ERROR}
+        self.schemas: dict[str, dict] = {"Error": ERROR}
 
-    def ref(self, model: type[BaseModel]) -> dict:
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        self.components.update(schema.pop("$defs", {}))
-        self.components[model.__name__] = schema
-        return {"$ref": f"#/components/schemas/{model.__name__}"}
+    def content(self, what: Schema, description: str) -> dict:
+        media = what if isinstance(what, str) else JSON
+        return {"description": description, "content": {media: {"schema": self.schema(what)}}}
 
-
-def _json(schema: dict, description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _ok(schema: dict, description: str, status: int = 200) -> dict:
-    return {str(status): _json(schema, description)}
-
-
-def _errors(*statuses: int, schema: dict | None = None) -> dict:
-    what = {
-        400: "body is not JSON",
-        401: "no or unknown key",
-        403: "not allowed for this key or client",
-        404: "not found",
-        405: "the server is read-only",
-        413: "body over the size limit",
-        422: "the message names the field that is wrong",
-        429: "over the agent's rate; Retry-After says when",
-        502: "the LLM server failed and fallback is off",
-        503: "at capacity (admission control): Retry-After says when",
-        504: "took longer than the query timeout",
-        507: "no space left to log the write",
-    }
-    body = schema or {"$ref": "#/components/schemas/Error"}
-    return {str(s): _json(body, what[s]) for s in statuses}
+    def schema(self, what: Schema) -> dict:
+        if isinstance(what, str):
+            return TEXT
+        if isinstance(what, tuple):
+            return {"anyOf": [self.schema(one) for one in what]}
+        if isinstance(what, dict):
+            return what
+        schema = what.model_json_schema(ref_template="#/components/schemas/{model}")
+        self.schemas.update(schema.pop("$defs", {}))
+        self.schemas[what.__name__] = schema
+        return {"$ref": f"#/components/schemas/{what.__name__}"}
 
 
-def _op(summary: str, ok: dict, errors: dict, body: dict | None = None, **extra) -> dict:
-    op = {"summary": summary, "responses": {**ok, **errors}, **extra}
-    if body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
-    return op
-
-
-def openapi_document(settings: Settings, search_request: type[SearchRequest], keyed_protocol: bool) -> dict:
-    """The document for this server's settings (``search_request`` holds its query limit): security
-    is declared where this server enforces it (``/v1`` with agent keys; every door but health,
-    metrics and this document with ``--key-all-doors``)."""
-    spec = _Spec()
-    search_body = spec.ref(search_request)
-    document_id = [{"name": "document_id", "in": "path", "required": True, "schema": {"type": "string"}}]
-    refresh = [{"name": "refresh", "in": "query", "schema": {"enum": list(REFRESH)}}]
-    busy = (503, 504)
-    message = spec.ref(Message)
-    refusals = _errors(401, 403, 413, 422, 429, 503, 504, schema=message)
-    turn_refusals = _errors(401, 403, 413, 422, 429, 503, 504, schema={"anyOf": [message, OBJECT]})
-    paths = {
-        **{
-            path: {"post": _op(summary, _ok(spec.ref(reply), what), _errors(400, 413, 422, *busy), search_body)}
-            for path, summary, reply, what in (
-                (f"/{SEARCH_TOOL}", "Top documents for a query (the MCP tool's twin)", SearchResponse, "documents"),
-                ("/search", "Top chunks for a query, with filters and a threshold", ChunkResponse, "ranked chunks"),
-            )
-        },
-        "/documents": {
-            "post": _op(
-                "Add a document (201) or replace it whole (200)",
-                {**_ok(OBJECT, "replaced"), **_ok(OBJECT, "created", 201)},
-                _errors(400, 405, 413, 422, 503, 507),
-                spec.ref(DocumentIn),
-                parameters=refresh,
-            )
-        },
-        "/documents/{document_id}": {
-            "get": _op("A document with its chunks", _ok(OBJECT, "the document"), _errors(404), parameters=document_id),
-            "delete": _op(
-                "Delete a document and its chunks",
-                _ok(OBJECT, "deleted"),
-                _errors(404, 405, 422, 507),
-                parameters=document_id + refresh,
-            ),
-        },
-        "/api/a2a/purple-agent": {
-            "get": _op("The solver's card: its input and rules", _ok(OBJECT, "card"), {}),
-            "post": _op(
-                "Solve a benchmark task under a policy",
-                _ok(OBJECT, "answers with policy metadata"),
-                _errors(400, 413, 422, 502, *busy),
-                spec.ref(SolverRequest),
-            ),
-        },
-        "/v1/messages": {
-            "post": _op("Send a typed message through the router", _ok(message, "the reply message"), refusals, message)
-        },
-        "/v1/rag": {
-            "post": _op(
-                "One retrieval + answer turn",
-                _ok(OBJECT, "the turn's messages"),
-                turn_refusals,
-                spec.ref(RagRequest),
-            )
-        },
-        "/v1/schemas": {"get": _op("JSON Schema of every message type", _ok(OBJECT, "schemas"), {})},
-        "/v1/agents": {"get": _op("The agents and their health", _ok(OBJECT, "agents"), {})},
-        "/v1/agents/{agent_id}/health": {
-            "get": _op(
-                "One agent's health",
-                _ok(OBJECT, "health"),
-                _errors(404),
-                parameters=[{"name": "agent_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-            )
-        },
-        "/v1/traces": {
-            "get": _op(
-                "Recent traces (loopback clients only)",
-                _ok(OBJECT, "traces"),
-                _errors(403, 422),
-                parameters=[
-                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
-                    {"name": "agent", "in": "query", "schema": {"type": "string"}},
-                    {"name": "type", "in": "query", "schema": {"type": "string"}},
-                    {"name": "errors", "in": "query", "schema": {"enum": ["1", "true", "0", "false"]}},
-                ],
-            )
-        },
-        "/v1/traces/{trace_id}": {
-            "get": _op(
-                "One trace's messages (loopback clients only)",
-                _ok(OBJECT, "messages"),
-                _errors(403, 404),
-                parameters=[{"name": "trace_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-            )
-        },
-        "/ui": {
-            "get": _op(
-                "The trace viewer (loopback clients only)",
-                {"200": {"description": "page", "content": {"text/html": {"schema": {"type": "string"}}}}},
-                _errors(403),
-            )
-        },
-        "/health": {"get": _op("Liveness and what is loaded", _ok(OBJECT, "health"), {})},
-        "/metrics": {
-            "get": _op(
-                "Prometheus metrics",
-                {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
-                {},
-            )
-        },
-    }
-    bearer = [{"agentKey": []}]
-    for path, operations in paths.items():
-        keyed = settings.security.key_all_doors and not path.startswith(("/health", "/metrics", "/v1/"))
-        keyed |= keyed_protocol and path in ("/v1/messages", "/v1/rag")
-        for op in operations.values():
-            if keyed:
-                op["security"] = bearer
-                op["responses"].setdefault("401", _errors(401)["401"])
+def openapi_document(operations: list[Op], key_all_doors: bool, keyed_protocol: bool) -> dict:
+    """The document of ``operations``: security is declared where this server enforces it (with agent
+    keys, on the routes that can answer 401: the agent protocol checks keys itself; with
+    ``--key-all-doors``, on every door but health, metrics, ``/v1`` and this document)."""
+    components, paths = _Components(), {}
+    for op in operations:
+        method, route = op.route.split(" ")
+        _, path, convertors = compile_path(route)
+        parameters = [{"name": name, "in": "path", "required": True, "schema": TEXT} for name in convertors]
+        parameters += [{"name": name, "in": "query", "schema": schema} for name, schema in op.query.items()]
+        replies = op.replies if isinstance(op.replies, dict) else {200: op.replies}
+        responses = {str(status): components.content(op.reply, what) for status, what in replies.items()}
+        for error in op.errors:
+            status = error if isinstance(error, int) else error.status
+            responses[str(status)] = components.content(op.refusal, WHAT[status])
+        doc = {"summary": op.summary} | ({"parameters": parameters} if parameters else {})
+        if op.body is not None:
+            doc["requestBody"] = {"required": True, "content": {JSON: {"schema": components.schema(op.body)}}}
+        if key_all_doors and not path.startswith(UNKEYED) or keyed_protocol and 401 in op.errors:
+            doc["security"] = [{"agentKey": []}]
+            responses.setdefault("401", components.content(ERROR_REF, WHAT[401]))
+        paths.setdefault(path, {})[method.lower()] = doc | {"responses": responses}
     return {
         "openapi": "3.1.0",
         "info": {"title": "hybrid-search", "version": "0.1.0", "description": __doc__.split("\n\n")[0]},
         "paths": paths,
         "components": {
-            "schemas": spec.components,
+            "schemas": components.schemas,
             "securitySchemes": {"agentKey": {"type": "http", "scheme": "bearer", "description": "an agent key"}},
         },
     }

@@ -24,12 +24,12 @@ from pathlib import Path
 from limits import parse, storage, strategies
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
 
 from agents.messages import ErrorCode, Message, schemas
 from agents.router import ROUTER_ID, Router, overruns
 from agents.system import SYSTEM_ID, RagRequest, rag_turn
 from serving.admission import Admission, Overloaded
+from serving.openapi import OBJECT, TEXT, Op
 from serving.requests import BadRequest, BodyError, bearer, parse_json, read_body, validated
 
 audit = logging.getLogger("hybrid_search.audit")
@@ -47,6 +47,7 @@ STATUS = {
     ErrorCode.OVERLOADED: 503,
     ErrorCode.INTERNAL: 500,
 }
+REFUSALS = (401, 403, 413, 422, 429, 503, 504)  # what a message or a turn is refused with, at the door or in it
 
 
 @dataclass
@@ -100,16 +101,44 @@ class ProtocolDoor:
     def describe(self) -> dict:
         return {"auth": "agent keys" if self.keys else "loopback only (no agent keys configured)"}
 
-    def routes(self) -> list[Route]:
+    def operations(self) -> list[Op]:
+        """The ``/v1`` routes and ``/ui``, as the REST door's table declares its own (:mod:`serving.rest`)."""
+        count = {"type": "integer", "minimum": 1, "maximum": 500}
+        traces = {"limit": count, "agent": TEXT, "type": TEXT, "errors": {"enum": ["1", "true", "0", "false"]}}
         return [
-            Route("/v1/messages", self.post_message, methods=["POST"]),
-            Route("/v1/rag", self.post_rag, methods=["POST"]),
-            Route("/v1/schemas", self.get_schemas, methods=["GET"]),
-            Route("/v1/agents", self.get_agents, methods=["GET"]),
-            Route("/v1/agents/{agent_id}/health", self.get_agent_health, methods=["GET"]),
-            Route("/v1/traces", self.get_traces, methods=["GET"]),
-            Route("/v1/traces/{trace_id:path}", self.get_trace, methods=["GET"]),
-            Route("/ui", self.get_ui, methods=["GET"]),
+            Op(
+                "POST /v1/messages",
+                self.post_message,
+                "Send a typed message through the router",
+                "the reply message",
+                REFUSALS,
+                reply=Message,
+                body=Message,
+                refusal=Message,
+            ),
+            Op(
+                "POST /v1/rag",
+                self.post_rag,
+                "One retrieval + answer turn",
+                "the turn's messages",
+                REFUSALS,
+                body=RagRequest,
+                refusal=(Message, OBJECT),  # refused at the door, or the turn with its last message's status
+            ),
+            Op("GET /v1/schemas", self.get_schemas, "JSON Schema of every message type", "schemas"),
+            Op("GET /v1/agents", self.get_agents, "The agents and their health", "agents"),
+            Op("GET /v1/agents/{agent_id}/health", self.get_agent_health, "One agent's health", "health", (404,)),
+            Op(
+                "GET /v1/traces", self.get_traces, "Recent traces (loopback clients only)", "traces", (403, 422), traces
+            ),
+            Op(
+                "GET /v1/traces/{trace_id:path}",
+                self.get_trace,
+                "One trace's messages (loopback clients only)",
+                "messages",
+                (403, 404),
+            ),
+            Op("GET /ui", self.get_ui, "The trace viewer (loopback clients only)", "page", (403,), reply="text/html"),
         ]
 
     # who is calling

@@ -1,6 +1,6 @@
-"""The REST door: ``POST /search_nfcorpus`` (the MCP tool's twin), ``POST /search``, ``/documents``
-(POST, and GET / DELETE by id), the benchmark solver, ``/health``, ``/metrics``, ``/openapi.json``
-and the agent protocol's ``/v1`` routes, declared as one route list.
+"""The REST door: ``POST /search_nfcorpus`` (the MCP tool's twin), ``POST /search``, ``/documents``,
+the benchmark solver, the agent protocol's ``/v1`` routes, ``/health`` and ``/metrics``, declared as one
+table that the routes and their OpenAPI document (``/openapi.json``) are both made from.
 
 Every error answers ``{"error": ...}`` with the status its kind carries (a
 :class:`~engine.errors.ServiceError`, by the app's exception handler: :func:`serving.replies.json_errors`).
@@ -8,38 +8,48 @@ Every error answers ``{"error": ...}`` with the status its kind carries (a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import get_type_hints
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.documents import SEARCH_TOOL
-from serving.openapi import openapi_document
+from agents.chat_responder import GenerationFailed
+from agents.solver import SolverRequest
+from engine.documents import SEARCH_TOOL, DocumentIn
+from engine.live.writer import DocumentNotFound
+from engine.search import Hit
+from engine.store.wal import StorageFull
+from serving.admission import Overloaded
+from serving.openapi import Op, openapi_document
 from serving.protocol_routes import ProtocolDoor
 from serving.replies import to_chunks, to_response
 from serving.requests import BadRequest, json_body, validated
-from serving.search_service import REFRESH, SearchService
+from serving.search_service import REFRESH, QueryTimeout, ReadOnly, SearchService
 
 SOLVER_PATH = "/api/a2a/purple-agent"
-Handler = Callable[[Request], Awaitable[Response]]
+BODY = (400, 413, BadRequest)  # json_body's BodyError (not JSON, over the limit), then the model's check
+BUSY = (Overloaded, QueryTimeout)
 
 
 def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     """Every REST route of a server around ``service``; ``door`` serves the agent protocol."""
-    settings = service.settings
-    limit = settings.serving.max_body_bytes
-    spec = openapi_document(settings, service.search_request, keyed_protocol=bool(door.keys))
+    limit = service.settings.serving.max_body_bytes
 
-    def search(respond) -> Handler:
+    def search(path: str, respond: Callable[[list[Hit]], BaseModel], summary: str, what: str) -> Op:
+        """A search route: the query model's body, the hits answered as the model ``respond`` returns."""
+
         async def handler(request: Request) -> Response:
             query = validated(service.search_request, await json_body(request, limit))
             answer = respond(await service.search(query, door="rest"))
             return Response(answer.model_dump_json(), media_type="application/json")  # serialized once
 
-        return handler
+        reply = get_type_hints(respond)["return"]
+        return Op(f"POST /{path}", handler, summary, what, (*BODY, *BUSY), reply=reply, body=service.search_request)
 
     async def post_document(request: Request) -> Response:
         ack = await service.upsert(await json_body(request, limit), wait=_waits(request))
@@ -60,25 +70,50 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     async def health(request: Request) -> Response:
         return JSONResponse({**service.health(), "agent_protocol": door.describe()})
 
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(spec)
-
     async def metrics(request: Request) -> Response:  # off the event loop: a worker of several asks its siblings
         return Response(await run_in_threadpool(service.exposition), media_type=CONTENT_TYPE_LATEST)
 
-    return [
-        Route(f"/{SEARCH_TOOL}", search(to_response), methods=["POST"]),
-        Route("/search", search(to_chunks), methods=["POST"]),
-        Route("/documents", post_document, methods=["POST"]),
-        Route("/documents/{document_id:path}", get_document, methods=["GET"]),
-        Route("/documents/{document_id:path}", delete_document, methods=["DELETE"]),
-        Route(SOLVER_PATH, solver_card, methods=["GET"]),
-        Route(SOLVER_PATH, solve, methods=["POST"]),
-        *door.routes(),
-        Route("/health", health, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+    docs, refresh = "/documents/{document_id:path}", {"refresh": {"enum": list(REFRESH)}}
+    table = [
+        search(SEARCH_TOOL, to_response, "Top documents for a query (the MCP tool's twin)", "documents"),
+        search("search", to_chunks, "Top chunks for a query, with filters and a threshold", "ranked chunks"),
+        Op(
+            "POST /documents",
+            post_document,
+            "Add a document (201) or replace it whole (200)",
+            {200: "replaced", 201: "created"},
+            (*BODY, ReadOnly, Overloaded, StorageFull),
+            refresh,
+            body=DocumentIn,
+        ),
+        Op(f"GET {docs}", get_document, "A document with its chunks", "the document", (DocumentNotFound,)),
+        Op(
+            f"DELETE {docs}",
+            delete_document,
+            "Delete a document and its chunks",
+            "deleted",
+            (DocumentNotFound, ReadOnly, BadRequest, StorageFull),
+            refresh,
+        ),
+        Op(f"GET {SOLVER_PATH}", solver_card, "The solver's card: its input and rules", "card"),
+        Op(
+            f"POST {SOLVER_PATH}",
+            solve,
+            "Solve a benchmark task under a policy",
+            "answers with policy metadata",
+            (*BODY, GenerationFailed, *BUSY),
+            body=SolverRequest,
+        ),
+        *door.operations(),
+        Op("GET /health", health, "Liveness and what is loaded", "health"),
+        Op("GET /metrics", metrics, "Prometheus metrics", "metrics", reply="text/plain"),
     ]
+    spec = openapi_document(table, service.settings.security.key_all_doors, keyed_protocol=bool(door.keys))
+
+    async def openapi(request: Request) -> Response:  # not in the document it serves
+        return JSONResponse(spec)
+
+    return [*(op.to_route() for op in table), Route("/openapi.json", openapi, methods=["GET"])]
 
 
 def _waits(request: Request) -> bool:

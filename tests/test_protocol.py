@@ -506,7 +506,7 @@ def test_a_message_that_timed_out_keeps_its_admission_slot_until_its_thread_ends
     stuck = _Stuck()
     router.register(stuck)
     admission = Admission(1, 0, CollectorRegistry())
-    app = Starlette(routes=ProtocolDoor(router, {}, admission=admission).routes())
+    app = Starlette(routes=[op.to_route() for op in ProtocolDoor(router, {}, admission=admission).operations()])
     message = {"type": "RETRIEVAL_REQUEST", "sender": "System", "receiver": "stuck", "payload": {"query": "q"}}
 
     async def scenario() -> list:

@@ -72,6 +72,26 @@ def test_rest_bad_input(server, body, status, message):
     assert httpx.get(server["mcp"] + "/health").status_code == 200
 
 
+def test_openapi_documents_every_rest_route_it_is_served_beside(index_dir, tmp_path):
+    """One route table makes both: no route served undocumented (but the document's own), none documented unserved."""
+    from starlette.testclient import TestClient
+
+    from serving.app import http_app
+    from serving.search_service import SearchService
+    from serving.settings import Settings
+
+    service = SearchService(Settings(index_dir=index_dir, device="cpu", trace_db=tmp_path / "traces.sqlite"))
+    try:
+        app = http_app(service, mcp=False)
+        document = TestClient(app).get("/openapi.json").json()
+    finally:
+        service.close()
+    served = {(method.lower(), route.path_format) for route in app.routes for method in route.methods - {"HEAD"}}
+    documented = {(method, path) for path, operations in document["paths"].items() for method in operations}
+    assert served - documented == {("get", "/openapi.json")} and documented <= served
+    assert document["paths"]["/documents/{document_id}"]["delete"]["parameters"][0]["name"] == "document_id"
+
+
 def test_32_concurrent_requests_each_get_their_own_answer(server):
     topics = ["vitamin", "statin", "soy", "coffee", "broccoli", "arsenic", "meat", "berries"]
     requests = [{"query": f"{topics[i % 8]} marker{topics[i % 8]}{i % 4}", "top_k": 3 + i % 3} for i in range(32)]
