@@ -19,6 +19,14 @@ so whatever else the machine does weighs on every row alike; queries/s from a th
 of 8 clients issuing the same query list.
 
     python -m benchmarks.peers --index-dir indexes/nfcorpus --cache indexes/peers
+
+At size (``--vectors``: the file ``build --vectors`` took, one row a corpus record): LanceDB reads
+those vectors (an inverted file's codes are not the vectors), and the rows are LanceDB hybrid with an
+exact scan and with its IVF_PQ index, and ours supervised and with RRF on the same index; bm25s and
+the index built without judgments are left out (a second build at that size).
+
+    python -m benchmarks.peers --index-dir /tmp/hs-scale/index-1000000 --data /tmp/hs-scale/corpus-1000000 \
+        --vectors /tmp/hs-scale/corpus-1000000/vectors.npy --cache /tmp/hs-peers --num-queries 100 --no-qps
 """
 
 from __future__ import annotations
@@ -87,6 +95,18 @@ def read_corpus(index_dir: Path, engine) -> Corpus:
     return Corpus(ids, [chunks[i].contents for i in ids], np.ascontiguousarray(vectors, dtype=np.float32))
 
 
+def given_corpus(data_dir: Path, vectors: Path) -> Corpus:
+    """The dataset's records as ``build --vectors`` indexed them (one chunk a record: its title and
+    text), with the vectors it was given, memory-mapped."""
+    from engine.text import chunk_text
+
+    docs = list(load_dataset(data_dir).corpus.values())
+    array = np.load(vectors, mmap_mode="r")
+    if array.shape[0] != len(docs):
+        raise SystemExit(f"{vectors}: {array.shape[0]:,} vectors for {len(docs):,} records in {data_dir}")
+    return Corpus([d.doc_id for d in docs], [chunk_text(d.title, d.text) for d in docs], array)
+
+
 def no_judgments_index(data: Path, cache: Path) -> Path:
     """An index of the corpus built without judgments (so no memory, no learned fusion: RRF), made
     by ``hybrid-search build`` from a folder holding only the corpus and the queries; reused while
@@ -105,9 +125,12 @@ def no_judgments_index(data: Path, cache: Path) -> Path:
     return index_dir
 
 
-def lancedb_peer(corpus: Corpus, folder: Path, encode: Callable[[str], np.ndarray], depth: int) -> Peer:
+def lancedb_peer(
+    corpus: Corpus, folder: Path, encode: Callable[[str], np.ndarray], depth: int, ivf_pq: bool = False
+) -> Peer:
     """LanceDB's hybrid query as its docs show it: ``.vector(v).text(q)`` with the default RRF reranker.
-    Each leg fetches ``depth`` candidates (``limit``), as many as our BM25 and dense stages fuse."""
+    Each leg fetches ``depth`` candidates (``limit``), as many as our BM25 and dense stages fuse;
+    ``ivf_pq``: the vector leg through LanceDB's IVF_PQ index (its defaults), not a scan."""
     import lancedb
     import pyarrow as pa
     from lancedb.index import FTS
@@ -118,6 +141,8 @@ def lancedb_peer(corpus: Corpus, folder: Path, encode: Callable[[str], np.ndarra
     rows = pa.table({"doc_id": corpus.ids, "text": corpus.texts, "vector": vectors})
     table = lancedb.connect(folder).create_table("chunks", rows, mode="overwrite")
     table.create_index("text", config=FTS())  # native FTS; its defaults: simple tokenizer, English stemming, stop words
+    if ivf_pq:
+        table.create_index(metric="dot", vector_column_name="vector", index_type="IVF_PQ")
     build_s = time.perf_counter() - started
 
     def search(query: str) -> list[str]:
@@ -125,8 +150,9 @@ def lancedb_peer(corpus: Corpus, folder: Path, encode: Callable[[str], np.ndarra
         found = hybrid.rerank(RRFReranker()).select(["doc_id"]).limit(depth).to_arrow()
         return found["doc_id"].to_pylist()[:TOP_K]
 
-    what = f"native FTS + exact dot-product scan, {depth} each, RRF k 60; query encoded by our encoder"
-    return Peer("LanceDB hybrid", what, search, build_s)
+    leg = "IVF_PQ index (LanceDB's defaults)" if ivf_pq else "exact dot-product scan"
+    what = f"native FTS + {leg}, {depth} each, RRF k 60; query encoded by our encoder"
+    return Peer("LanceDB hybrid" + (" IVF_PQ" if ivf_pq else ""), what, search, build_s)
 
 
 def bm25s_peer(corpus: Corpus, k1: float, b: float) -> Peer:
@@ -207,9 +233,11 @@ def queries_per_second(peer: Peer, queries: list[str], clients: int) -> float:
     return len(queries) / (time.perf_counter() - started)
 
 
-def measure(peers: Sequence[Peer], queries: dict[str, str], qrels: Qrels) -> list[dict]:
-    """One row per peer: quality of its rankings, latency, queries/s at each concurrency; each row's
-    nDCG@10 tested against the first peer's (paired t-test over the queries)."""
+def measure(
+    peers: Sequence[Peer], queries: dict[str, str], qrels: Qrels, concurrency: Sequence[int] = CONCURRENCY
+) -> list[dict]:
+    """One row per peer: quality of its rankings, latency, queries/s at each ``concurrency``; each
+    row's nDCG@10 tested against the first peer's (paired t-test over the queries)."""
     texts = list(queries.values())
     for peer in peers:
         for text in texts[:WARM_UP]:
@@ -219,7 +247,7 @@ def measure(peers: Sequence[Peer], queries: dict[str, str], qrels: Qrels) -> lis
     for peer in peers:
         quality = evaluate_run(qrels, runs[peer.name])
         latency = percentiles(seconds[peer.name])
-        qps = {str(c): queries_per_second(peer, texts, c) for c in CONCURRENCY}
+        qps = {str(c): queries_per_second(peer, texts, c) for c in concurrency}
         rows.append(
             {
                 "system": peer.name,
@@ -245,7 +273,7 @@ def markdown(report: dict) -> str:
     head += "| --- | --- | --- | --- |" + " --- |" * len(CONCURRENCY) + " --- |\n"
     lines = []
     for row in report["rows"]:
-        qps = " | ".join(f"{row['qps'][str(c)]:.1f}" for c in CONCURRENCY)
+        qps = " | ".join(f"{row['qps'].get(str(c), float('nan')):.1f}" for c in CONCURRENCY)
         ms = row["latency_ms"]
         lines.append(
             f"| {row['system']} | {row['nDCG@10']:.4f} | {ms['p50']:.1f} | {ms['p99']:.1f} | {qps} | {row['what']} |"
@@ -253,32 +281,42 @@ def markdown(report: dict) -> str:
     return head + "\n".join(lines)
 
 
-def open_engine(index_dir: Path):
+def open_engine(index_dir: Path, fusion: str = "auto"):
     """Our engine on the CPU, reranker off: the peers rerank nothing either."""
     from engine.search import HybridEngine
 
-    return HybridEngine(EngineSettings(index_dir=index_dir, rerank=False, device="cpu"))
+    return HybridEngine(EngineSettings(index_dir=index_dir, rerank=False, device="cpu", fusion=fusion))
 
 
 def build_peers(args: argparse.Namespace) -> tuple[list[Peer], Callable[[str], np.ndarray], dict]:
     """The five rows, LanceDB first (the one every row's paired test is against), the query encoder
     the hybrid rows share, and what they read."""
     supervised = open_engine(args.index_dir)
-    plain = open_engine(no_judgments_index(args.data_dir, args.cache.resolve()))
-    corpus = read_corpus(args.index_dir, supervised)
 
     def encode(query: str) -> np.ndarray:
         return supervised.dense.encode_query(query)[0]
 
-    s = supervised.settings
-    peers = [
-        lancedb_peer(corpus, args.cache / "lancedb", encode, args.depth),
-        bm25s_peer(corpus, s.bm25_k1, s.bm25_b),
-        bm25_stage_peer(supervised),
-        engine_peer("ours without judgments", plain),
-        engine_peer("ours supervised", supervised),
-    ]
-    inputs = {"chunks": len(corpus.ids), "dimension": int(corpus.vectors.shape[1]), "encoder": plain.manifest.encoder}
+    if args.vectors is not None:  # at size: the given vectors; two LanceDB rows, two of ours on one index
+        corpus = given_corpus(args.data_dir, args.vectors)
+        peers = [
+            lancedb_peer(corpus, args.cache / "lancedb", encode, args.depth),
+            lancedb_peer(corpus, args.cache / "lancedb-ivf-pq", encode, args.depth, ivf_pq=True),
+            engine_peer("ours RRF", open_engine(args.index_dir, "rrf")),
+            engine_peer("ours supervised", supervised),
+        ]
+    else:
+        plain = open_engine(no_judgments_index(args.data_dir, args.cache.resolve()))
+        corpus = read_corpus(args.index_dir, supervised)
+        s = supervised.settings
+        peers = [
+            lancedb_peer(corpus, args.cache / "lancedb", encode, args.depth),
+            bm25s_peer(corpus, s.bm25_k1, s.bm25_b),
+            bm25_stage_peer(supervised),
+            engine_peer("ours without judgments", plain),
+            engine_peer("ours supervised", supervised),
+        ]
+    encoder = supervised.manifest.encoder
+    inputs = {"chunks": len(corpus.ids), "dimension": int(corpus.vectors.shape[1]), "encoder": encoder}
     return peers, encode, inputs
 
 
@@ -312,11 +350,15 @@ def main() -> None:
     )
     parser.add_argument("--cache", type=Path, default=Path("indexes/peers"), help="the no-judgments index, LanceDB")
     parser.add_argument("--depth", type=int, default=100, help="candidates each LanceDB leg fetches (default 100)")
+    parser.add_argument(
+        "--vectors", type=Path, help="at size: the .npy `build --vectors` took, which LanceDB reads (module doc)"
+    )
+    parser.add_argument("--qps", action=argparse.BooleanOptionalAction, default=True, help="time queries/s too")
     args, _ = options.load(parser)
     dataset = load_dataset(args.data_dir)
     queries = sample_queries(dataset.split_queries(args.split), args.num_queries, 42)
     peers, encode, inputs = build_peers(args)
-    rows = measure(peers, queries, dataset.qrels(args.split))
+    rows = measure(peers, queries, dataset.qrels(args.split), CONCURRENCY if args.qps else ())
     inputs["query_encoding_ms"] = encoding_latency(encode, list(queries.values()))
     report = {"split": args.split, "top_k": TOP_K, "concurrency": list(CONCURRENCY), **inputs}
     report |= {"paired_tests_against": peers[0].name, "rows": rows}
