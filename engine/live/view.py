@@ -18,7 +18,7 @@ from engine.live.locks import ViewLock
 from engine.retrieval.dense import DenseRetriever, encode
 from engine.retrieval.lucene import LuceneIndex
 from engine.store.docstore import DocStore
-from engine.store.index_dir import DOCS_FILE, IndexDirError, Manifest
+from engine.store.index_dir import DOCS_FILE, WAL_FILE, IndexDirError, Manifest
 
 
 @dataclass(eq=False)
@@ -32,6 +32,17 @@ class IndexView:
     dense: DenseRetriever
     encode_batch_size: int
     lock: ViewLock = field(default_factory=ViewLock)
+
+    def check_settled(self, dense_seq: int) -> None:
+        """Refuse, for an engine that neither writes nor follows, stores that hold different writes
+        (``dense_seq``: the dense checkpoint's) or a log with writes none of them holds yet."""
+        seqs = {self.bm25.committed_seq(), dense_seq, self.store.meta("applied_seq")}
+        wal = self.index_dir / WAL_FILE
+        if len(seqs) > 1 or (wal.exists() and wal.stat().st_size > 0):
+            raise IndexDirError(
+                f"{self.index_dir}: live writes are not checkpointed yet (a server is writing it, or one stopped"
+                " without a checkpoint); run `hybrid-search compact` when no server writes it"
+            )
 
     def bind_units(self) -> None:
         """Name the dense rows by the store's map; refuses stores that disagree (a missing or stale

@@ -40,7 +40,6 @@ from engine.store.index_dir import (
     DOCS_FILE,
     FUSION_DIR,
     MEMORY_DIR,
-    WAL_FILE,
     IndexDirError,
     Manifest,
     latest_dense,
@@ -119,7 +118,7 @@ class HybridEngine:
         elif follow is not None:
             self.live, self.follower = follow, Follower(self.view)
         else:
-            self._check_settled(index_dir, checkpoint.seq)
+            self.view.check_settled(checkpoint.seq)
             self.view.bind_units()
         self.memory = self._load_memory(index_dir)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
@@ -131,15 +130,6 @@ class HybridEngine:
             self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
-
-    def _check_settled(self, index_dir: Path, dense_seq: int) -> None:
-        seqs = {self.bm25.committed_seq(), dense_seq, self.store.meta("applied_seq")}
-        wal = index_dir / WAL_FILE
-        if len(seqs) > 1 or (wal.exists() and wal.stat().st_size > 0):
-            raise IndexDirError(
-                f"{index_dir}: live writes are not checkpointed yet (a server is writing it, or one stopped"
-                " without a checkpoint); run `hybrid-search compact` when no server writes it"
-            )
 
     # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)
     @property
