@@ -128,3 +128,52 @@ os._exit(0)  # no checkpoint: the next start replays the log
         assert len(writer.dense.units) == writer.bm25.documents
     finally:
         writer.close()
+
+
+def test_a_merge_runs_beside_the_writes_and_keeps_every_write_since_it_began(dense_dir, monkeypatch):
+    """The writes since the base merged on a thread while more are written (some removing rows the
+    merge took in); placed at the next checkpoint with those as its delta: the answers of the live
+    view, in the writer and in a reader."""
+    from engine.documents import DocumentIn
+    from engine.retrieval import merge
+
+    monkeypatch.setattr(merge, "MERGE_MIN", 1)
+    monkeypatch.setattr(merge, "MERGE_SHARE", 0.0)
+    (dense_dir / ".dense-000000000099.faiss.tmp").write_bytes(b"a merge a crash cut short")
+
+    def doc(document_id: str, text: str) -> DocumentIn:
+        return DocumentIn.model_validate({"document_id": document_id, "chunks": [{"chunk_id": "c1", "content": text}]})
+
+    writer = _engine(dense_dir, writable=True)
+    try:
+        assert not list(dense_dir.glob(".dense-*.tmp"))  # the crash's leftover is gone
+        held = writer.dense.segments.base.ntotal
+        first, second, third = (h.document_id for h in writer.search("caffeine and the liver", 3))
+        writer.live.upsert(doc("early", "zanzibar clove harvest yields"))
+        writer.live.delete(first)
+        writer.live.refresh()
+        started = writer.live.checkpoint()
+        running = writer.live.merger.running
+        assert not started["dense_merged"] and running is not None  # a delta now, the merge beside it
+        writer.live.upsert(doc("late", "coffee roasting in small batches"))
+        writer.live.delete("early")  # a row the merge took in
+        writer.live.delete(second)
+        writer.live.upsert(doc(third, "soy isoflavones and prostate cancer trial"))
+        writer.live.refresh()
+        running.join()
+        live = _answers(writer)
+        assert any(unit.startswith("late#") for unit, _ in live["coffee"])
+        assert not any(unit.startswith(("early#", f"{first}#")) for answers in live.values() for unit, _ in answers)
+        placed = writer.live.checkpoint()
+        assert placed["dense_merged"] and writer.live.merger.running is None
+        now = writer.dense.segments.checkpoint
+        assert now.base.name == f"dense-{running.seq:012d}.faiss" and writer.dense.segments.base.ntotal == held
+        assert sorted(p.name for p in dense_dir.glob("de*")) == sorted([now.base.name, now.delta.name])
+        assert _answers(writer) == live
+    finally:
+        writer.close()
+    reader = _engine(dense_dir)
+    try:
+        assert _answers(reader) == live
+    finally:
+        reader.close()

@@ -18,7 +18,7 @@ from engine.live.locks import ViewLock
 from engine.retrieval.dense import DenseRetriever, encode
 from engine.retrieval.lucene import LuceneIndex
 from engine.store.docstore import DocStore
-from engine.store.index_dir import DOCS_FILE, WAL_FILE, IndexDirError, Manifest
+from engine.store.index_dir import DOCS_FILE, WAL_FILE, DenseCheckpoint, IndexDirError, Manifest
 
 
 @dataclass(eq=False)
@@ -58,6 +58,14 @@ class IndexView:
         """Searches from now on read ``dense`` (a newer checkpoint's view); those running finish first."""
         with self.lock.writing():
             self.dense = dense
+
+    def rebase(self, checkpoint: DenseCheckpoint) -> None:
+        """Searches from now on read ``checkpoint``, a merged base holding this view's rows (mapped
+        as every reader maps it), with the rows named as they are now."""
+        current = self.dense
+        dense = current.reopened(checkpoint)
+        dense.units, dense.rows = current.units, current.rows
+        self.swap_dense(dense)
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         """Dense vectors for new chunks, batched, by the index's encoder."""

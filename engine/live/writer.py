@@ -11,9 +11,9 @@ The write path, one writer at a time:
    near-real-time reader is reopened. Searches hold the view lock's shared side while they
    retrieve, so a search sees every store before a refresh or every store after it, never half
    a document. A refresh that fails (a full disk) keeps its records pending for the next one;
-4. a checkpoint (Lucene commit; the dense writes since the base, or a merged base, written to a
-   temporary file and renamed: :mod:`engine.retrieval.segments`; SQLite's WAL checkpointed)
-   lets the log be emptied.
+4. a checkpoint (Lucene commit; the dense writes since the base written to a temporary file and
+   renamed, :mod:`engine.retrieval.segments`, and merged into a new base in the background once
+   they grow, :mod:`engine.retrieval.merge`; SQLite's WAL checkpointed) lets the log be emptied.
 
 Every store remembers the last record it holds (Lucene's commit data, the dense checkpoint's
 file name, SQLite's ``applied_seq``), so recovery replays each store from its own position and
@@ -35,6 +35,7 @@ import numpy as np
 
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
+from engine.retrieval.merge import Merger
 from engine.store.index_dir import WAL_FILE, latest_dense, publish
 from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog
@@ -107,6 +108,7 @@ class LiveIndex:
         self._latest: dict[str, dict] = {}  # document id -> its newest unapplied record
         self.wal = WriteAheadLog(self.index_dir / WAL_FILE)
         self.seq, self.dense_seq = 0, latest_dense(self.index_dir).seq
+        self.merger = Merger(self.index_dir)  # the dense writes merged into a new base, in the background
         self.applied: dict[str, int] = {}  # store -> the last record it holds (in memory)
         self.tokenizer = _store_tokenizer(view)
         self.refresh_error: str | None = None
@@ -300,12 +302,12 @@ class LiveIndex:
             applied = self._apply_pending()
             seq, view = self.seq, self.view
             view.bm25.commit(seq)
-            dense = {}
-            if seq != self.dense_seq or (merge and view.dense.segments.checkpoint.delta is not None):
+            dense, segments = {}, view.dense.segments
+            if seq != self.dense_seq or self.merger.ready or (merge and segments.checkpoint.delta is not None):
                 with view.lock.reading():
-                    dense = view.dense.segments.write(self.index_dir, seq, merge)
+                    dense = self.merger.checkpoint(segments, seq, merge)
                 if dense["merged"]:  # the merged base replaces the writer's own view too, mapped
-                    self._reopen_dense(dense["checkpoint"])
+                    view.rebase(dense["checkpoint"])
                 self.dense_seq = seq
             view.store.checkpoint()
             logged = self.wal.size
@@ -320,12 +322,6 @@ class LiveIndex:
             "dense_merged": dense.get("merged", False),
             "seconds": round(time.perf_counter() - started, 3),
         }
-
-    def _reopen_dense(self, checkpoint) -> None:
-        current = self.view.dense
-        dense = current.reopened(checkpoint)
-        dense.units, dense.rows = current.units, current.rows  # the merged base holds the same rows
-        self.view.swap_dense(dense)
 
     def _refresher(self) -> None:
         while not self._stop.wait(self.refresh_interval_s):
@@ -353,10 +349,12 @@ class LiveIndex:
         """Stop refreshing and checkpoint, so the next start has nothing to replay."""
         self._stop.set()
         self._thread.join()
+        self.merger.wait()  # a merge under way is placed by the last checkpoint, not lost
         try:
             self.checkpoint()
         except Exception as exc:  # a full disk, say: the log keeps every write for the next start to replay
             log.error("checkpoint at close failed (%s); the next start replays the log", _brief(exc))
+        self.merger.close()
         self.wal.close()
         self._lock_fh.close()
 

@@ -6,7 +6,7 @@ small exact delta, removed base rows as tombstones that searches skip through a 
 A write therefore costs its own rows (before, a removal was FAISS's ``remove_ids``, a pass over
 every vector under the lock searches wait on), and a checkpoint writes the delta and the
 tombstones, bytes in proportion to the writes since the base, not the index. When they outgrow a
-share of the base (``MERGE_SHARE``) a checkpoint merges them into a new base.
+share of the base they are merged into a new base, in the background (:mod:`engine.retrieval.merge`).
 
 Files (the index directory's contract, :mod:`engine.store.index_dir`): ``dense.faiss`` or
 ``dense-<seq>.faiss`` (a base holding every write up to ``seq``) and ``delta-<base>-<seq>.npz``
@@ -23,9 +23,6 @@ import numpy as np
 
 from engine.store.index_dir import DenseCheckpoint, IndexDirError, base_path, delta_path
 from engine.store.wal import fsync_dir
-
-MERGE_SHARE = 0.05  # a checkpoint merges once the writes since the base change this share of it ...
-MERGE_MIN = 20_000  # ... and at least this many rows (a delta this size costs a search well under 1 ms)
 
 
 def _mapped(path: Path) -> int:
@@ -191,45 +188,81 @@ class DenseSegments:
         return np.concatenate([base, faiss.vector_to_array(self.delta.id_map)])
 
     def write(self, index_dir: Path, seq: int, merge: bool = False) -> dict:
-        """Make this view durable as the checkpoint at ``seq``: the delta and tombstones since the base,
-        or a new base when ``merge`` or once they outgrow ``MERGE_SHARE`` of it. Returns what was
-        written and the checkpoint that now holds it (readers open that; older files are removed)."""
-        import faiss
-
-        changed = self.delta.ntotal + len(self.removed)
-        merge = merge or changed >= max(MERGE_MIN, MERGE_SHARE * self.base.ntotal)
+        """Make this view durable as the checkpoint at ``seq``: the delta and tombstones since the
+        base, or (``merge``) a new base holding them. Returns what was written and the checkpoint that
+        now holds it (readers open that; older files are removed). Merging as the writes grow, off the
+        writer's lock, is :class:`engine.retrieval.merge.Merger`'s."""
         if merge:
-            merged = read_base(self.checkpoint.base, mapped=False)
-            if self.removed:
-                ids = np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))
-                # an inverted file's hash map removes from an array of ids only
-                merged.remove_ids(
-                    faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids)) if self.ivf else faiss.IDSelectorBatch(ids)
-                )
-            if self.delta.ntotal:
-                delta_ids = faiss.vector_to_array(self.delta.id_map)
-                merged.add_with_ids(self.delta.index.reconstruct_n(0, self.delta.ntotal), delta_ids)
             checkpoint = DenseCheckpoint(base_path(index_dir, seq), seq, None)
-            written = _durably(checkpoint.base, lambda tmp: faiss.write_index(merged, str(tmp)))
+            merged = merged_base(self.checkpoint.base, self.removed, *self.delta_arrays())
+            written = write_index(merged, checkpoint.base)
         else:
             checkpoint = DenseCheckpoint(
                 self.checkpoint.base, seq, delta_path(index_dir, self.checkpoint.base_seq, seq)
             )
-            delta_ids = faiss.vector_to_array(self.delta.id_map)
-            vectors = self.delta.index.reconstruct_n(0, self.delta.ntotal) if self.delta.ntotal else None
-            arrays = {
-                "rows": delta_ids,
-                "vectors": vectors if vectors is not None else np.zeros((0, self.base.d), dtype=np.float32),
-                "removed": np.fromiter(sorted(self.removed), dtype=np.int64, count=len(self.removed)),
-            }
-            written = _durably(checkpoint.delta, lambda tmp: _save_npz(tmp, arrays))
+            written = write_delta(checkpoint.delta, *self.delta_arrays(), self.removed)
             self.checkpoint = checkpoint  # the same view, now durable as this checkpoint
-        fsync_dir(index_dir)
-        keep = {checkpoint.base, checkpoint.delta}
-        for older in [*index_dir.glob("dense*.faiss"), *index_dir.glob("delta-*.npz")]:
-            if older not in keep:
-                older.unlink()
-        return {"checkpoint": checkpoint, "bytes": written, "merged": merge, "rows_changed": changed}
+        keep_only(index_dir, checkpoint)
+        return {"checkpoint": checkpoint, "bytes": written, "merged": merge, "rows_changed": self.changed}
+
+    @property
+    def changed(self) -> int:
+        """Rows written since the base: added and removed."""
+        return self.delta.ntotal + len(self.removed)
+
+    def delta_arrays(self, rows: set[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The delta's rows and their vectors (only ``rows`` of them, when given)."""
+        import faiss
+
+        ids = faiss.vector_to_array(self.delta.id_map)
+        if rows is not None:
+            ids = ids[np.isin(ids, np.fromiter(rows, dtype=np.int64, count=len(rows)))]
+        vectors = self.delta.reconstruct_batch(ids) if len(ids) else np.zeros((0, self.base.d), dtype=np.float32)
+        return ids, vectors
+
+
+def merged_base(base: Path, removed: set[int], rows: np.ndarray, vectors: np.ndarray):
+    """The base at ``base`` read into memory (a private copy), ``removed`` dropped and the delta's
+    ``rows`` added: FAISS's own removal and addition, so the result is the index a build would make
+    of the same rows, trained as the base was."""
+    import faiss
+
+    merged = read_base(base, mapped=False)
+    if removed:
+        ids = np.fromiter(removed, dtype=np.int64, count=len(removed))
+        inverted = not isinstance(merged, faiss.IndexIDMap2)  # its hash map removes from an array of ids only
+        selector = faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids)) if inverted else faiss.IDSelectorBatch(ids)
+        merged.remove_ids(selector)
+    if len(rows):
+        merged.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), rows)
+    return merged
+
+
+def write_index(index, target: Path, place: bool = True) -> int:
+    """``index`` durably at ``target`` (``place`` False: beside it, :func:`aside`, for a merge placed later)."""
+    import faiss
+
+    return _durably(target, lambda tmp: faiss.write_index(index, str(tmp)), place)
+
+
+def write_delta(target: Path, rows: np.ndarray, vectors: np.ndarray, removed: set[int]) -> int:
+    """The delta file at ``target``: rows added and their vectors, base rows removed (module doc)."""
+    arrays = {"rows": rows, "vectors": vectors, "removed": np.fromiter(sorted(removed), dtype=np.int64)}
+    return _durably(target, lambda tmp: _save_npz(tmp, arrays))
+
+
+def keep_only(index_dir: Path, checkpoint: DenseCheckpoint) -> None:
+    """The checkpoint's files made durable in the folder, then every other base and delta removed."""
+    fsync_dir(index_dir)
+    keep = {checkpoint.base, checkpoint.delta}
+    for older in [*index_dir.glob("dense*.faiss"), *index_dir.glob("delta-*.npz")]:
+        if older not in keep:
+            older.unlink()
+
+
+def aside(target: Path) -> Path:
+    """Where a file bound for ``target`` is written until it is placed (hidden from listings)."""
+    return target.with_name(f".{target.name}.tmp")
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -237,10 +270,10 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(fh, **arrays)
 
 
-def _durably(target: Path, write) -> int:
-    """``write(tmp)`` then fsync and rename over ``target``; returns the bytes written. A failure
-    (a full disk) leaves no partial file: the log still holds every write."""
-    tmp = target.with_name(f".{target.name}.tmp")
+def _durably(target: Path, write, place: bool = True) -> int:
+    """``write(tmp)`` then fsync and (``place``) rename over ``target``; returns the bytes written. A
+    failure (a full disk) leaves no partial file: the log still holds every write."""
+    tmp = aside(target)
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
@@ -248,8 +281,9 @@ def _durably(target: Path, write) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, target)
-    return target.stat().st_size
+    if place:
+        os.replace(tmp, target)
+    return tmp.stat().st_size if not place else target.stat().st_size
 
 
 def _none() -> tuple[np.ndarray, np.ndarray]:
