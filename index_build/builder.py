@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -119,10 +119,15 @@ def build_index(
             shutil.rmtree(tmp / BM25_DIR, ignore_errors=True)
             build_bm25(tmp / BM25_DIR, docs, parts, work, build.bm25_workers, progress)
             work.mark("bm25")
-        encode_part = _encoder(encoder, build.encoder, settings, given, ray, progress)
         todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
+        if ray is not None and given is None and todo:  # written by the cluster's actors
+            from index_build.ray_encode import encode_on_ray
+
+            batch = settings.encode_batch_size
+            encode_on_ray(work, todo, docs, chunks, dimension, build.encoder, settings.device, batch, ray, progress)
+            todo = []
         for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(todo) > 1):
-            work.save_vectors(part, encode_part(lambda p=part: _texts(docs[p.docs]), part.rows), chunks)
+            work.save_vectors(part, _part_vectors(encoder, settings, given, docs, part, progress), chunks)
         tokenizer = TextTokenizer(encoder.tokenizer)  # the rerankers' token ids: MiniLM rerankers share it
         if not work.done("store") or not (tmp / DOCS_FILE).is_file():
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
@@ -243,22 +248,15 @@ def _texts(docs: Sequence[dict]) -> list[str]:
     return [chunk_text(c["title"], c["content"]) for d in docs for c in d["chunks"]]
 
 
-def _encoder(encoder, name: str, settings: EngineSettings, given: GivenVectors | None, ray: str | None, progress: bool):
-    """What makes a part's vectors from its texts and rows: the given file's rows, Ray's workers
-    (the encoder ``name``), or here."""
-
-    def part_vectors(part_texts: Callable[[], list[str]], rows: range) -> np.ndarray:
-        if given is not None:  # the part's texts are not even read
-            return given.rows(rows.start, rows.stop)
-        texts = part_texts()
-        if ray is not None:
-            from index_build.ray_encode import encode_on_ray
-
-            return encode_on_ray(texts, name, settings.device, settings.encode_batch_size, ray)
-        bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
-        return encode(encoder, texts, settings.encode_batch_size, bar)
-
-    return part_vectors
+def _part_vectors(
+    encoder, settings: EngineSettings, given: GivenVectors | None, docs: Sequence[dict], part: Part, progress: bool
+) -> np.ndarray:
+    """A part's vectors: the given file's rows (the part's texts are not even read), or encoded here."""
+    if given is not None:
+        return given.rows(part.rows.start, part.rows.stop)
+    texts = _texts(docs[part.docs])
+    bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
+    return encode(encoder, texts, settings.encode_batch_size, bar)
 
 
 def _write_store(path: Path, docs: Sequence[dict], parts: list[Part], tokenizer: TextTokenizer, progress: bool) -> None:

@@ -110,17 +110,25 @@ class BuildFolder:
         return part in self.state["vectors"]
 
     def save_vectors(self, part: Part, vectors: np.ndarray, chunks: int) -> None:
-        """The part's rows of ``vectors.npy`` (made at the first part, ``chunks`` rows), flushed,
-        then recorded as done."""
-        path = self.path / VECTORS_FILE
-        if path.is_file():
-            array = np.load(path, mmap_mode="r+")
-        else:
-            array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(chunks, vectors.shape[1]))
+        """The part's rows of ``vectors.npy`` written, flushed, then recorded as done."""
+        array = np.load(self.vectors_file(chunks, vectors.shape[1]), mmap_mode="r+")
         array[part.rows.start : part.rows.stop] = vectors
         array.flush()
         del array
-        self.state["vectors"].append(part.number)
+        self.mark_vectors(part.number)
+
+    def vectors_file(self, chunks: int, dimension: int) -> Path:
+        """``vectors.npy``, made (``chunks`` rows) if it is not there yet: what the parts' vectors go into."""
+        path = self.path / VECTORS_FILE
+        if not path.is_file():
+            made = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(chunks, dimension))
+            made.flush()
+            del made
+        return path
+
+    def mark_vectors(self, part: int) -> None:
+        """The part's vectors are written and flushed: a resumed build keeps them."""
+        self.state["vectors"].append(part)
         self._save()
 
     def vectors(self) -> np.ndarray:

@@ -141,23 +141,26 @@ def test_ray_acknowledged_write_survives_the_writer_replica_dying(ray_server):
 
 
 def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
+    """Four parts through one Ray pipeline, their vectors written by its actors: the local index."""
     import faiss
 
     target = tmp_path / "on-ray"
     run = subprocess.run(
         [sys.executable, "-m", "cli.main", "build", "--ray", "--data", str(beir_dir), "--index-dir", str(target)]
-        + ["--device", "cpu"],
+        + ["--device", "cpu", "--part-chunks", "8"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "chunks on Ray: done, 4 parts" in run.stderr
     timings = {"build_seconds", "built_at"}
     local, on_ray = (json.loads((d / "manifest.json").read_text()) for d in (index_dir, target))
     assert {k: v for k, v in local.items() if k not in timings} == {k: v for k, v in on_ray.items() if k not in timings}
     vectors = [faiss.read_index(str(d / "dense.faiss")) for d in (index_dir, target)]
-    assert np.array_equal(*(np.vstack([ix.reconstruct(i) for i in range(ix.ntotal)]) for ix in vectors))
+    # batches cut within each part pad with other neighbours than one part's: the same vectors to float noise
+    assert np.allclose(*(np.vstack([ix.reconstruct(i) for i in range(ix.ntotal)]) for ix in vectors), atol=1e-6)
     shutil.rmtree(target)
 
 
