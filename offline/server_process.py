@@ -133,7 +133,7 @@ def workers_up(url: str, seconds: float = 90, roles: tuple[str, ...] = ("writer"
 def sigkill(pid: int, seconds: float = 30, every_thread: bool = True) -> float:
     """SIGKILL ``pid`` and wait until it has let go of its sockets; the seconds that took.
     (``every_thread=False``: only until its leader is a zombie, too early, for
-    :func:`benchmarks.reliability.faults.kill_window` to show what that costs.)
+    :func:`benchmarks.reliability.faults.workers.kill_window` to show what that costs.)
 
     Gone means every thread gone: the process reaped, or only its zombie leader left. The leader
     turning zombie is not enough: a process's threads die one by one, and the last one unmaps the

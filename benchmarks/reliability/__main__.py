@@ -29,7 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.reliability import faults, fuzz, load, server
+from benchmarks.reliability import faults, fuzz, load
+from offline import server_process as server
 from offline.records import write_result
 
 RESULTS = Path("benchmarks/results")
