@@ -74,6 +74,11 @@ def main() -> None:
         " and compare the two builds' dev rankings",
     )
     parser.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="with --engine: time the index an earlier run left in --work, in process, without building it again",
+    )
+    parser.add_argument(
         "--choice",
         action="store_true",
         help="the dense index `build` chooses (auto) at each of --sizes, vectors streamed through a file in --work"
@@ -84,6 +89,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = Settings()
+    if args.engine and args.timing_only:  # the index an earlier run built in --work, timed again
+        from benchmarks.scale_engine import time_in_process
+
+        found = time_in_process(settings.build.data_dir, args.work / f"index-{args.distractors}")
+        print(json.dumps(found, indent=2))
+        out = Path("benchmarks/results") / machine_name() / f"scale-engine-{args.distractors}-timing.json"
+        write_result(out, found, vars(args))
+        return
     if args.engine:
         from benchmarks.scale_engine import run
 

@@ -84,11 +84,6 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
 def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check: bool = False) -> dict:
     """Build, evaluate and time; the figures as a dict (written by the caller). ``resume_check``: a
     second build killed at half the first's time and run again, its dev rankings set beside."""
-    from engine.documents import Filters
-    from engine.search import HybridEngine
-    from engine.settings import EngineSettings
-    from offline.dataset import load_dataset
-    from offline.latency import percentiles
 
     started = time.perf_counter()
     corpus = make_corpus(data, index_dir, n, work / f"corpus-{n}")
@@ -106,6 +101,30 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check
     evaluate = cli + ["evaluate", "--split", "dev", "--data", str(corpus), "--no-rerank"]
     subprocess.run(evaluate + ["--index-dir", str(target), "--output", str(evaluation)], cwd=ROOT, check=True)
     resumed = resumed_build(build, target, build_s, evaluate, evaluation) if resume_check else None
+    timed = time_in_process(data, target)
+    return {
+        "chunks": manifest["settings"]["chunks"],
+        "distractors": n,
+        "corpus_seconds": round(made, 1),
+        "build_seconds": round(build_s, 1),
+        "build_peak_rss_gib": round(peak_gib, 2),
+        "dense": manifest["settings"]["dense"],
+        "index_bytes": sum(p.stat().st_size for p in target.rglob("*") if p.is_file()),
+        **timed,
+        "evaluation": str(evaluation),
+        **({"killed_at_half": resumed} if resumed else {}),
+    }
+
+
+def time_in_process(data: Path, target: Path) -> dict:
+    """200 dev queries one at a time in process, no reranker: unfiltered, then filtered to the
+    reviews (~10% of the chunks), the filter's first search apart (its chunks found, then kept)."""
+    from engine.documents import Filters
+    from engine.search import HybridEngine
+    from engine.settings import EngineSettings
+    from offline.dataset import load_dataset
+    from offline.latency import percentiles
+
     engine = HybridEngine(EngineSettings(index_dir=target, rerank=False))
     queries = list(load_dataset(data).split_queries("dev").values())[:200]
     for query in queries[:20]:
@@ -117,7 +136,7 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check
         engine.search(query, 10)
         times.append(time.perf_counter() - began)
     began = time.perf_counter()
-    engine.search(queries[0], 10, reviews)  # the filter's chunks found through the store's index, then kept
+    engine.search(queries[0], 10, reviews)
     first_filtered = time.perf_counter() - began
     for query in queries:
         began = time.perf_counter()
@@ -125,17 +144,8 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check
         filtered.append(time.perf_counter() - began)
     engine.close()
     return {
-        "chunks": manifest["settings"]["chunks"],
-        "distractors": n,
-        "corpus_seconds": round(made, 1),
-        "build_seconds": round(build_s, 1),
-        "build_peak_rss_gib": round(peak_gib, 2),
-        "dense": manifest["settings"]["dense"],
-        "index_bytes": sum(p.stat().st_size for p in target.rglob("*") if p.is_file()),
         "search_ms_one_at_a_time": percentiles(times),
         "filtered_reviews_ms": {"first": round(first_filtered * 1000, 1), **percentiles(filtered)},
-        "evaluation": str(evaluation),
-        **({"killed_at_half": resumed} if resumed else {}),
     }
 
 
