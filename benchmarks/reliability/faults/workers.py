@@ -23,6 +23,17 @@ def _tally(items: Iterable[str]) -> dict[str, int]:
     return dict(sorted(Counter(items).items()))
 
 
+def _until_every_door_acks(writes: DoorWriter, since: float, at_most_s: float = 60.0) -> None:
+    """Keep the load on until each door has acknowledged a write sent since ``since``: on a loaded
+    machine a few seconds may pass before the slowest door's next write is answered."""
+    deadline = time.perf_counter() + at_most_s
+    while time.perf_counter() < deadline:
+        acked = {door for sent, _, door, kind in list(writes.outcomes) if kind == "acked" and sent >= since}
+        if acked >= set(WRITE_DOORS):
+            return
+        time.sleep(0.2)
+
+
 def workers_killed_under_load(
     index_dir: Path,
     work_dir: Path,
@@ -33,7 +44,8 @@ def workers_killed_under_load(
     """``serve --workers 2`` (no reranker, ``--mcp-writes``) on a copy of ``index_dir`` under REST
     search load from ``readers`` clients, with writes arriving through every door that takes them:
     ``settle_s`` of load, kill -9 of the follower, load until it serves again and ``settle_s`` more,
-    then the same for the writer (``roles``: which to kill, in turn). Then every acknowledged write
+    then the same for the writer (``roles``: which to kill, in turn), the last phase lasting until
+    every door has acknowledged a write again. Then every acknowledged write
     is checked on both workers, by id and by its own word. Reports, per phase, the searches'
     outcomes on the killed worker and on the other, the writes' outcomes per door, how long each
     worker took to serve again, and what was lost."""
@@ -59,6 +71,7 @@ def workers_killed_under_load(
             marks.append((f"after the {role} is back", None, time.perf_counter()))
             killed[role] = (killed_at, released_s, marks[-1][2])
         time.sleep(settle_s)
+        _until_every_door_acks(writes, since=marks[-1][2])
         for driver in (load, writes):
             driver.stop.set()
         for thread in [*load.threads, *writes.threads]:
