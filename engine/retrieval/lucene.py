@@ -319,11 +319,15 @@ class LuceneIndex:
         self._writer.updateDocuments(self.j.Term("document_id", document_id), self._docs(document_id, units, metadata))
 
     def absorb(self, paths: Sequence[Path]) -> None:
-        """Add the whole indexes at ``paths`` (a build's parts) as they are: their segments copied."""
+        """Add the whole indexes at ``paths`` (a build's parts): their segments copied, then merged
+        as Lucene's merge policy merges a writer's own, waited for (a rollback at ``close`` would
+        abort them, leaving a segment or more a part, each searched on its own)."""
         j = self.j
         directories = [j.FSDirectory.open(j.Paths.get(str(Path(p).resolve()))) for p in paths]
         try:
             self._writer.addIndexes(*directories)
+            self._writer.maybeMerge()
+            self._writer.waitForMerges()
         finally:
             for directory in directories:
                 directory.close()
