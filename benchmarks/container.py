@@ -11,8 +11,9 @@ Dockerfile.cuda (time, size, no compiler or pip in the final image, a non-root u
 dataset mounted read-only and a fresh named index volume (the first start builds the index); the
 image's HEALTHCHECK until healthy; then, from the host through the published ports only: the a2a-sdk
 0.3 client (its own virtual environment, ``.venv-a2a03``) on 100 dev queries, the official MCP
-client, REST search, a document written and read back; ``podman stop`` (SIGTERM: exit 0), start
-again (the volume's index reused, the document still there); a missing and a corrupt dataset
+client, REST search, a document written and read back, an agent protocol message traced (sent
+from inside: the protocol serves loopback clients only); ``podman stop`` (SIGTERM: exit 0), start
+again (the volume's index reused, the document and the message's trace still there); a missing and a corrupt dataset
 (a clear message, a non-zero exit). Everything measured goes to benchmarks/results/container.json.
 """
 
@@ -444,6 +445,30 @@ def rest_checks(base: str, doc_id: str, check: Check) -> None:
     read_back(base, doc_id, check, "REST document read back")
 
 
+# run inside the container (the agent protocol serves loopback clients only): ``send`` a retrieval
+# message through the router and print its trace id, or print the ids of the traces kept
+IN_CONTAINER = """
+import json, sys, urllib.request
+def call(path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"content-type": "application/json"}
+    request = urllib.request.Request("http://127.0.0.1:8000" + path, data=data, headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())
+if sys.argv[1] == "send":
+    message = {"type": "RETRIEVAL_REQUEST", "sender": "System", "receiver": "RetrievalAgent",
+               "payload": {"query": "does vitamin D prevent falls?", "top_k": 2}}
+    print(call("/v1/messages", message)["trace_id"])
+else:
+    print(json.dumps([t["trace_id"] for t in call("/v1/traces?limit=500")["traces"]]))
+"""
+
+
+def traced(name: str, what: str) -> str:
+    """The agent protocol inside container ``name``: ``send`` a message (its trace id) or the trace ids kept."""
+    return podman("exec", name, "python3", "-c", IN_CONTAINER, what, check=False).stdout.strip()
+
+
 def read_back(base: str, doc_id: str, check: Check, name: str) -> None:
     status, body = http_json("GET", f"{base}/documents/{doc_id}")
     got = status == 200 and body.get("document_id") == doc_id
@@ -611,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
         mcp_check(f"{mcp}/mcp", check)
         doc_id = f"container-check-{int(time.time())}"
         rest_checks(mcp, doc_id, check)
+        trace_id = traced(name, "send")
+        check.record("agent protocol message traced", trace_id in traced(name, "list"), trace_id=trace_id)
         manifest = podman("exec", name, "cat", "/data/indexes/nfcorpus/manifest.json", check=False).stdout
 
         say("podman stop (SIGTERM), then start again on the same volume")
@@ -631,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
             again = podman("exec", name, "cat", "/data/indexes/nfcorpus/manifest.json", check=False).stdout
             restart_logs = podman("logs", name, check=False)  # both starts
             builds = (restart_logs.stdout + restart_logs.stderr).count("BM25 index: done")  # the build's log
+            kept = traced(name, "list")
+            check.record("restart: the message traces kept on the volume", bool(trace_id) and trace_id in kept)
             built_at = [json.loads(m or "{}").get("built_at") for m in (manifest, again)]
             check.record(
                 "restart: index volume reused, no rebuild",
