@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -88,6 +89,7 @@ def main() -> None:
         "--work", type=Path, default=Path("/tmp/hybrid-search-scale"), help="with --engine or --choice: where files go"
     )
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the phases' progress
     settings = Settings()
     if args.engine and args.timing_only:  # the index an earlier run built in --work, timed again
         from benchmarks.scale_engine import time_in_process
