@@ -130,6 +130,7 @@ os._exit(0)  # no checkpoint: the next start replays the log
         writer.close()
 
 
+@pytest.mark.parametrize("dense_dir", ["IVF4,Flat"], indirect=True)  # the size that merges; flat merges alike
 def test_a_merge_runs_beside_the_writes_and_keeps_every_write_since_it_began(dense_dir, monkeypatch):
     """The writes since the base merged on a thread while more are written (some removing rows the
     merge took in); placed at the next checkpoint with those as its delta: the answers of the live
