@@ -41,7 +41,7 @@ from engine.text import chunk_text
 from index_build.adapt import FULL_MISSING, AdaptError, adapt_index
 from index_build.adapt.generated import QueryWriter
 from index_build.bm25_build import build_bm25
-from index_build.corpus import Corpus, open_corpus
+from index_build.corpus import Corpus, chunk_texts, open_corpus
 from index_build.dense_index import RECALL_QUERIES, build_dense, check_factory
 from index_build.parts import BuildFolder, Part, plan_parts
 from index_build.settings import BuildSettings
@@ -244,17 +244,13 @@ def _record_ids(corpus: Corpus) -> list[str]:
     return ids
 
 
-def _texts(docs: Sequence[dict]) -> list[str]:
-    return [chunk_text(c["title"], c["content"]) for d in docs for c in d["chunks"]]
-
-
 def _part_vectors(
     encoder, settings: EngineSettings, given: GivenVectors | None, docs: Sequence[dict], part: Part, progress: bool
 ) -> np.ndarray:
     """A part's vectors: the given file's rows (the part's texts are not even read), or encoded here."""
     if given is not None:
         return given.rows(part.rows.start, part.rows.stop)
-    texts = _texts(docs[part.docs])
+    texts = chunk_texts(docs[part.docs])
     bar = functools.partial(track, desc=f"encoding {len(texts):,} texts", unit="batch", enabled=progress)
     return encode(encoder, texts, settings.encode_batch_size, bar)
 
@@ -268,7 +264,7 @@ def _write_store(path: Path, docs: Sequence[dict], parts: list[Part], tokenizer:
     todo = [part for part in parts if part.rows.start >= stored and (part.rows or stored == 0)]
     for part in track(todo, "document store", "part", enabled=progress and len(parts) > 1):
         part_docs = docs[part.docs]
-        texts = _texts(part_docs)
+        texts = chunk_texts(part_docs)
         tokens = [t for i in range(0, len(texts), TOKENIZE_BATCH) for t in tokenizer(texts[i : i + TOKENIZE_BATCH])]
         placed, row = [], part.rows.start
         for doc in part_docs:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.store.docstore import DocStore
 from engine.store.index_dir import DOCS_FILE
+from engine.text import chunk_text
 from index_build.ingest import IngestError, read_documents
 from offline.dataset import (
     Dataset,
@@ -31,6 +32,11 @@ from offline.dataset import (
     read_qrels,
 )
 from offline.progress import track
+
+
+def chunk_texts(docs: Sequence[dict]) -> list[str]:
+    """Every chunk's text as it is encoded and indexed (its title, then its content), in order."""
+    return [chunk_text(c["title"], c["content"]) for d in docs for c in d["chunks"]]
 
 
 class BeirDocuments(Sequence[dict]):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.retrieval.java import jvm_signals_kept
-from engine.text import chunk_text
+from index_build.corpus import chunk_texts
 from index_build.parts import BuildFolder, Part
 from offline.progress import track
 
@@ -34,7 +34,7 @@ class _Batches:
 
     def __call__(self, item: dict) -> list[dict]:
         part_docs = self.docs[slice(item["first_doc"], item["end_doc"])]
-        texts = [chunk_text(c["title"], c["content"]) for d in part_docs for c in d["chunks"]]
+        texts = chunk_texts(part_docs)
         order = np.argsort([-len(text) for text in texts])
         return [
             {
