@@ -42,6 +42,7 @@ from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
 from serving.search_service import SearchService
 from serving.settings import Settings
+from serving.signals import sleep_until
 
 log = logging.getLogger(__name__)
 APP_NAME = "hybrid-search"
@@ -255,7 +256,7 @@ def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event 
             "GPU" if gpus else "CPU",
         )
         started.set()
-        stop.wait()
+        sleep_until(stop)
     finally:
         serve.shutdown()
         with jvm_signals_kept():

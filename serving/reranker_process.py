@@ -38,6 +38,7 @@ from engine.rerank.pair_tokens import PairRow
 from engine.retrieval.encoder import resolve_model
 from engine.settings import EngineSettings
 from serving.settings import Settings
+from serving.signals import sleep_until
 from serving.worker_channel import Channel, ChannelServer, WorkerUnreachable, call
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,11 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
     described = {key: getattr(reranker, key) for key in DESCRIBED}
     messages.send(("ready", described | {"query_encoder": queries.runtime if queries is not None else None}))
     log.info("reranker %s on %s (%s) scoring every worker's pairs", reranker.name, reranker.device, reranker.runtime)
-    stop.wait()
+    sleep_until(stop)
     server.close(settings.serving.query_timeout_s)
     batcher.close()
+    if queries is not None:
+        queries.close()
     log.info("the reranker process stopped")
     logging.shutdown()
     # no interpreter teardown: threads CUDA and torch leave behind (compile workers, the caching

@@ -53,6 +53,19 @@ def test_every_call_is_short_enough_and_the_plan_fits_a_lease():
     assert BATCHES[0][0] == "shared"
 
 
+def test_the_first_calls_need_only_what_the_image_has():
+    """``run`` starts on a machine whose wheels are not installed yet (the first H100 call of
+    2026-11-27 died importing pydantic): the kit's entry point imports none of the packages it carries."""
+    carried = ("pydantic", "faiss", "jnius", "lightgbm", "mcp", "a2a", "starlette", "uvicorn", "pytrec_eval")
+    script = (
+        f"import runpy, sys; sys.modules.update(dict.fromkeys({carried!r})); sys.argv = ['gpu_kit', 'run', '--help'];"
+        " runpy.run_module('benchmarks.gpu_kit', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--stages" in done.stdout
+
+
 def test_the_wheels_are_what_the_image_lacks():
     wanted = wanted_wheels()
     assert {"faiss-cpu", "lightgbm", "pyjnius", "mcp", "a2a-sdk", "pytrec-eval-terrier"} <= set(wanted)

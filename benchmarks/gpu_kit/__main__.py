@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import options
 from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, LEASE_MINUTES, MANIFEST, REHEARSED, STAGES, describe, plan_minutes
 
 HTTP_CLIENTS = (1, 64, 8)
@@ -231,20 +230,31 @@ def compiled(out: Path, small: bool) -> int:
     return 0
 
 
+def _where(parser: argparse.ArgumentParser, verb: str, chosen: list[str]) -> None:
+    """The CLI's --index-dir and --data on ``verb``'s parser, only when it is the verb run: they
+    come from the settings model (pydantic), and ``run`` starts on a machine whose wheels are not
+    installed yet."""
+    if chosen[:1] == [verb]:
+        from benchmarks import options
+
+        options.add(parser, *options.WHERE)
+
+
 def main(argv: list[str] | None = None) -> int:
+    chosen = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kit", description=__doc__)
     sub = p.add_subparsers(dest="verb", required=True)
     pl = sub.add_parser("plan", help="the calls, what each carries and runs, and their expected minutes")
     pl.add_argument("--json", action="store_true", help="each call's minutes and the total, as JSON")
     pk = sub.add_parser("pack", help="here: write the parts and manifest into .gpukit/")
-    options.add(pk, *options.WHERE)
+    _where(pk, "pack", chosen)
     pk.add_argument("--out", type=Path, default=Path(KIT_DIR))
     rn = sub.add_parser("run", help="there: take the carried part, install when complete, run stages")
     rn.add_argument("--stages", default="", help=f"comma-separated, of {', '.join(s.name for s in STAGES)}")
     rn.add_argument("--out", type=Path, required=True, help="where results.tar.gz goes (the device's $OUT)")
     rh = sub.add_parser("rehearse", help=f"here, on a CPU: the stages {', '.join(REHEARSED)}, small")
     rh.add_argument("--stages", default=",".join(REHEARSED), help="comma-separated (default: all of them)")
-    options.add(rh, *options.WHERE)
+    _where(rh, "rehearse", chosen)
     rh.add_argument("--out", type=Path, required=True, help="where each stage's log and results go")
     for verb in ("check", "http", *REHEARSED):
         stage_parser = sub.add_parser(verb, help=f"(a stage of run) {verb}")
@@ -263,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stage batches: {BATCHES}")
         return 0
     if args.verb == "pack":
+        from benchmarks import options
         from benchmarks.gpu_kit.pack import pack
 
         options.resolve(args)
@@ -275,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run([s for s in args.stages.split(",") if s], args.out)
     if args.verb == "rehearse":
+        from benchmarks import options
         from benchmarks.gpu_kit.target import rehearse
 
         options.resolve(args)
