@@ -33,7 +33,7 @@ def _documents(settings: EngineSettings, n: int, offset: int = 0) -> list[Docume
     from engine.store.index_dir import DOCS_FILE
 
     store = DocStore(Path(settings.index_dir) / DOCS_FILE)
-    units = sorted(store.unit_ids_by_row().values())
+    units = sorted(store.unit_map().unit_ids())
     chunks = store.chunks(units[(offset + i) % len(units)] for i in range(n))
     docs = []
     for i, unit in enumerate(units[(offset + j) % len(units)] for j in range(n)):

@@ -89,8 +89,7 @@ def read_corpus(index_dir: Path, engine) -> Corpus:
     rows = faiss.vector_to_array(index.id_map)
     base = faiss.downcast_index(index.index)
     vectors = base.reconstruct_n(0, base.ntotal)
-    names = engine.store.unit_ids_by_row()
-    ids = [names[int(row)] for row in rows]
+    ids = engine.store.unit_map().names(rows)
     chunks = engine.store.chunks(ids)
     return Corpus(ids, [chunks[i].contents for i in ids], np.ascontiguousarray(vectors, dtype=np.float32))
 

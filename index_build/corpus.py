@@ -163,7 +163,7 @@ def index_dataset(index_dir: Path, judgments: Path) -> Dataset:
     document's, whose grade then holds for each of its chunks. The index's chunks are the corpus."""
     store = DocStore(Path(index_dir) / DOCS_FILE)
     try:
-        chunks = store.chunks(store.unit_ids_by_row().values())
+        chunks = store.chunks(store.unit_map().unit_ids())
     finally:
         store.close()
     corpus = {unit: Document(unit, chunk.title, chunk.text) for unit, chunk in chunks.items()}

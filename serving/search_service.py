@@ -211,7 +211,7 @@ class SearchService:
             **fallbacks,
             "index_loaded": True,
             "index_dir": str(self.settings.engine.index_dir),
-            "documents": len(engine.dense.rows),  # the chunks this engine's view holds: no count over the store
+            "documents": len(engine.dense.units),  # the chunks this engine's view holds: no count over the store
             "writable": engine.live is not None,
             **({"live": live} if live is not None else {}),
             **({"follower": engine.follower.status()} if engine.follower is not None else {}),

@@ -79,7 +79,7 @@ def test_engine_serves_the_adapted_stage(adapted_index):
     assert described["adapted"]["served"] is True
     for query in ("copper lantern notes", "glacier river soil"):
         result = engine.stages(query, top_k=5)
-        assert result.fused == engine.adapted.rerank(result.rrf, engine.dense.rows)
+        assert result.fused == engine.adapted.rerank(result.rrf, engine.dense.units)
         assert sorted(d for d, _ in result.fused) == sorted(d for d, _ in result.rrf)  # reordered, nothing added
     engine.close()
     plain = HybridEngine(EngineSettings(index_dir=adapted_index, device="cpu", rerank=False, adapted=False))
@@ -131,7 +131,7 @@ def test_pseudo_queries_are_held_out_of_their_chunks(adapted_index):
     from index_build.adapt.pseudo import pseudo_queries
 
     store = DocStore(adapted_index / "docs.sqlite")
-    chunks = list(store.chunks(store.unit_ids_by_row().values()).values())
+    chunks = list(store.chunks(store.unit_map().unit_ids()).values())
     store.close()
     queries = pseudo_queries(chunks, 30)
     assert {q.kind for q in queries} == {"heading", "lead", "inner"}
@@ -156,14 +156,16 @@ def test_a_chunk_added_after_the_graph_keeps_its_own_score():
     import numpy as np
 
     from engine.fusion.graph import CorpusGraph
+    from engine.store.unit_map import UnitMap
 
     graph = CorpusGraph(np.array([[1], [0]]), np.array([[0.9], [0.9]]), weight=0.5)
     fused = [("a", 1.0), ("new", 0.9), ("b", 0.5)]
-    ranked = dict(graph.rerank(fused, {"a": 0, "b": 1, "new": 7}))
+    units = UnitMap.from_pairs([(0, "a"), (1, "b"), (7, "new")])
+    ranked = dict(graph.rerank(fused, units))
     assert ranked["new"] == pytest.approx(0.9)  # no neighbours: its own share, whole
     assert ranked["a"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.5)  # lent b's score
     assert ranked["b"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
-    assert [u for u, _ in graph.rerank(fused, {"a": 0, "b": 1, "new": 7})] == ["new", "a", "b"]
+    assert [u for u, _ in graph.rerank(fused, units)] == ["new", "a", "b"]
 
 
 def test_the_graph_of_a_large_corpus_is_found_by_hnsw_close_to_the_exact_one():
@@ -245,7 +247,7 @@ def test_a_generated_question_on_a_structural_querys_chunk_keeps_that_hold_out(a
 
     engine = HybridEngine(EngineSettings(index_dir=adapted_index, device="cpu", rerank=False, adapted=False))
     rows, vectors = engine.dense.vectors()
-    units = [engine.dense.units[int(r)] for r in rows]
+    units = engine.dense.units.names(rows)
     chunks = engine.store.chunks(units)
     ordered = [chunks[u] for u in units]
     structural = pseudo_queries(ordered, 600)  # more than the corpus has: every chunk it can use

@@ -204,9 +204,9 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         from engine.retrieval.dense import Rows
 
         engine.dense.segments.ivf.nprobe = 1
-        allowed = [row for row, unit in engine.dense.units.items() if not unit.startswith("D-coffee")][:9]
+        allowed = [row for row, unit in engine.dense.units.pairs() if not unit.startswith("D-coffee")][:9]
         within = engine.dense.search(vector, 20, Rows(np.asarray(allowed)))
-        assert sorted(engine.dense.rows[u] for u, _ in within) == sorted(allowed)
+        assert sorted(engine.dense.units.get(u) for u, _ in within) == sorted(allowed)
         gone = engine.search("caffeine and the liver", 1)[0].document_id
         engine.live.delete(gone, wait=True)
         assert all(h.document_id != gone for h in engine.search("caffeine and the liver", 20))

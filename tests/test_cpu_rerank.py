@@ -112,7 +112,7 @@ def test_distilling_into_the_teachers_own_folder_is_refused(index_dir, beir_dir)
 def test_int8_scores_stay_near_fp32(reranker_dir, engine, tmp_path):
     folder = tmp_path / "reranker"
     shutil.copytree(reranker_dir, folder)
-    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
     query = "coffee and liver enzymes"
     fp32 = Reranker(str(folder), "cpu", max_length=64, quantize="none")
     int8 = Reranker(str(folder), "cpu", max_length=64, quantize="int8")
@@ -133,7 +133,7 @@ def test_int8_needs_onnx_runtime(reranker_dir):
 
 
 def test_bf16_ranks_as_fp32(reranker_dir, engine):
-    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
     pairs = [("coffee and liver enzymes", d) for d in docs]
     fp32 = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     bf16 = Reranker(reranker_dir, "cpu", max_length=64, quantize="bf16")
@@ -308,7 +308,7 @@ def test_smoothing_moves_range_into_the_weights_without_changing_the_function(re
     from engine.rerank.int8 import _activation_maxima, _smooth, _weighted_products
 
     traced = Reranker(reranker_dir, "cpu", max_length=64, quantize="none").backend.onnx
-    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
     feed = traced.tokenize([("coffee and liver enzymes", d) for d in docs])
     feed = {name: feed[name] for name in traced.inputs}
     model = onnx.load(str(traced.path))
@@ -346,7 +346,7 @@ def test_the_first_token_pass_gives_the_whole_models_logits(reranker_dir, engine
 
     model = AutoModelForSequenceClassification.from_pretrained(reranker_dir, attn_implementation="eager").eval()
     reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
-    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
     pairs = [("coffee and liver enzymes", d) for d in docs] + [("soy", "tofu")]  # padded rows in the batch
     features = {k: torch.from_numpy(v) for k, v in reranker.backend.onnx.tokenize(pairs).items()}
     with torch.inference_mode():

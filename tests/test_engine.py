@@ -117,7 +117,7 @@ def test_evaluation_reranks_every_stage_head(index_dir, reranker_dir, beir_dir):
 def test_onnx_runtime_scores_like_torch(reranker_dir, engine):
     import numpy as np
 
-    docs = [c.contents for c in engine.store.chunks(engine.dense.units.values()).values()]
+    docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
     query = "coffee and liver enzymes"
     torch_scores = Reranker(reranker_dir, "cpu", max_length=64, runtime="torch").score(query, docs)
     onnx = Reranker(reranker_dir, "cpu", max_length=64, runtime="onnx")

@@ -74,6 +74,7 @@ def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_pat
 
     from engine.documents import Filters
     from engine.retrieval.protocol import Query, Within
+    from engine.search.allowed import Allowed
 
     index = LuceneIndex(tmp_path / "fields", writable=True, create=True, fields=("document_type", "date"))
     metadata = {}
@@ -106,11 +107,13 @@ def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_pat
             allowed = {unit for unit in metadata if allows(unit, f)}
             query = Query("common beta alpha3", np.zeros(1, dtype=np.float32))
             assert index._clauses(f) is not None  # searched through the fields, not the ids
-            through_fields = index.retrieve(query, 7, Within(allowed, allowed, None, f))
+            live = Allowed({unit: row for row, unit in enumerate(sorted(allowed))})
+            through_fields = index.retrieve(query, 7, Within(live, allowed, None, f))
             assert through_fields == index.search(query.text, 7, allowed) and through_fields, f
         other_key = Filters(source=3)  # a metadata key Lucene does not hold: the allowed ids
         assert index._clauses(other_key) is None
-        assert [u for u, _ in index.retrieve(query, 5, Within({"d-03"}, {"d-03"}, None, other_key))] == ["d-03"]
+        found = index.retrieve(query, 5, Within(Allowed({"d-03": 3}), {"d-03"}, None, other_key))
+        assert [u for u, _ in found] == ["d-03"]
         index.commit(0)
     finally:
         index.close()

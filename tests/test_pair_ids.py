@@ -66,7 +66,7 @@ def _compare(engine: HybridEngine, queries=QUERIES) -> dict[str, set[str]]:
     the text path."""
     reranker = engine.reranker
     inputs = engine.pair_inputs(reranker)
-    doc_ids = sorted(engine.dense.units.values())
+    doc_ids = sorted(engine.dense.units.unit_ids())
     cut = reranker.max_length * CHARS_PER_TOKEN
     left = {}
     for query in queries:

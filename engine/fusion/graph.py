@@ -14,10 +14,11 @@ adapt` makes the graph again; a deleted chunk's row is in no live ranking, so it
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
+from engine.store.unit_map import UnitMap
 
 Ranking = list[tuple[str, float]]
 CARD_FILE = "adapt.json"  # the decision and its figures; written last, so a folder with it is complete
@@ -56,22 +57,18 @@ class CorpusGraph:
                 f"{folder / GRAPH_FILE}: unreadable corpus graph ({exc}); run `hybrid-search adapt`"
             ) from None
 
-    def rerank(self, fused: Ranking, rows: Mapping[str, int]) -> Ranking:
-        """``fused`` (best first) reordered; ``rows``: each live chunk's store row."""
+    def rerank(self, fused: Ranking, units: UnitMap) -> Ranking:
+        """``fused`` (best first) reordered; ``units``: the live chunks' store rows."""
         if not fused:
             return []
         top = fused[0][1] or 1.0
-        by_row = {}
-        for unit, score in fused:
-            row = rows.get(unit)
-            if row is not None:
-                by_row[row] = score / top
+        rows = units.rows_of([unit for unit, _ in fused]).tolist()
+        by_row = {row: score / top for row, (_, score) in zip(rows, fused, strict=True) if row >= 0}
         known = len(self.neighbours)
         smoothed = []
-        for unit, score in fused:
+        for row, (_, score) in zip(rows, fused, strict=True):
             own = score / top
-            row = rows.get(unit)
-            if row is None or row >= known:
+            if row < 0 or row >= known:
                 smoothed.append(own)
                 continue
             sims = self.similarities[row]

@@ -23,6 +23,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from engine.live.writer import apply_dense
 from engine.store.index_dir import WAL_FILE, latest_dense, published
 from engine.store.wal import LogTail
@@ -86,10 +88,13 @@ class Follower:
         except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
             log.debug("checkpoint %s went away (%s); the next search catches up", checkpoint.seq, exc)
             return False
-        units = view.store.unit_ids_by_row()
+        units = view.store.unit_map()
         held = dense.row_ids()
-        dense.remove([row for row in held if row not in units])
-        dense.bind({row: units[row] for row in held if row in units})
+        kept = units.holds_rows(held)
+        dense.remove(held[~kept].tolist())
+        named = units.row_array()
+        units.remove(named[~np.isin(named, held)])  # rows the store holds and the checkpoint does not yet
+        dense.bind(units)
         with view.lock.writing():
             view.bm25.refresh()
             view.dense = dense

@@ -47,7 +47,7 @@ class IndexView:
     def bind_units(self) -> None:
         """Name the dense rows by the store's map; refuses stores that disagree (a missing or stale
         file), which would otherwise answer with the wrong documents."""
-        self.dense.bind(self.store.unit_ids_by_row())
+        self.dense.bind(self.store.unit_map())
         if self.bm25.documents != len(self.dense.units):
             raise IndexDirError(
                 f"{self.bm25.path}: {self.bm25.documents} documents for {len(self.dense.units)} in the store"
@@ -64,7 +64,7 @@ class IndexView:
         as every reader maps it), with the rows named as they are now."""
         current = self.dense
         dense = current.reopened(checkpoint)
-        dense.units, dense.rows = current.units, current.rows
+        dense.units = current.units
         self.swap_dense(dense)
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:

@@ -116,7 +116,7 @@ class LiveIndex:
         self._recover()
         if followed:  # the followers start from what this start recovered
             self._publish()
-        self.next_row = max(view.store.meta("next_row"), max(view.dense.units, default=-1) + 1)
+        self.next_row = max(view.store.meta("next_row"), view.dense.units.max_row() + 1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresher, name="live-refresh", daemon=True)
         self._thread.start()

@@ -16,6 +16,7 @@ import numpy as np
 from engine.retrieval.protocol import Query, Ranking, Within
 from engine.retrieval.segments import DenseSegments
 from engine.store.index_dir import DOCS_FILE, DenseCheckpoint, IndexDirError
+from engine.store.unit_map import UnitMap
 
 if TYPE_CHECKING:
     from engine.retrieval.encoder import QueryEncoder
@@ -157,8 +158,7 @@ class DenseRetriever:
             self._fast, self.backend = earlier._fast, earlier.backend
         else:
             self._fast, self.backend = place_index(self.segments.base, device)  # the base never changes
-        self.units: dict[int, str] = {}  # row -> unit id
-        self.rows: dict[str, int] = {}  # unit id -> row: the live set
+        self.units = UnitMap.from_pairs(())  # row <-> unit id: the live set
         self.encoder = encoder
         self.query_encoder = query_encoder
         self._opened = (ef_search, device)
@@ -168,19 +168,18 @@ class DenseRetriever:
         rows not named yet (:meth:`bind`); a base this one maps already is kept, with its placement."""
         return DenseRetriever(checkpoint, self.encoder, self.query_encoder, *self._opened, earlier=self)
 
-    def bind(self, units: dict[int, str]) -> None:
+    def bind(self, units: UnitMap) -> None:
         """Name the rows (the document store's map); refuses an index whose rows are not the store's,
         which would answer with the wrong documents or none."""
         ids = np.sort(self.segments.row_ids())
-        rows = np.sort(np.fromiter(units, dtype=np.int64, count=len(units)))
+        rows = units.row_array()
         if not np.array_equal(ids, rows):
             strays = len(np.setdiff1d(ids, rows)) + len(np.setdiff1d(rows, ids))
             raise IndexDirError(
                 f"{self.path}: {len(ids)} vectors for {len(rows)} documents in the store ({DOCS_FILE}), {strays}"
                 " of their rows unmatched; rebuild the index"
             )
-        self.units = dict(units)
-        self.rows = {u: r for r, u in self.units.items()}
+        self.units = units
 
     @property
     def accepts_deletes(self) -> bool:
@@ -209,7 +208,8 @@ class DenseRetriever:
             ivf = segments.ivf
             nprobe = None if ivf is None else min(ivf.nlist, ivf.nprobe * -(-ivf.ntotal // len(allowed_rows)))
             scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), nprobe)
-        return [(self.units[r], float(s)) for r, s in zip(rows.tolist(), scores.tolist(), strict=True) if r >= 0]
+        found = rows >= 0
+        return list(zip(self.units.names(rows[found]), scores[found].tolist(), strict=True))
 
     def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
         """:class:`~engine.retrieval.protocol.Retriever`: by the query's vector, a filter by its rows."""
@@ -218,29 +218,30 @@ class DenseRetriever:
     def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
         """An inverted file probes a few lists, and a filter's rows are mostly in others: a few
         thousand rows are scored exactly, read back by row (only those this view holds)."""
-        ids = np.asarray([r for r in allowed_rows.ids.tolist() if r in self.units], dtype=np.int64)
+        ids = allowed_rows.ids[self.units.holds_rows(allowed_rows.ids)]
         if not len(ids):
             return []
         scores = self.segments.reconstruct(ids) @ vector.reshape(-1)
         top = np.argsort(-scores, kind="stable")[:k]
-        return [(self.units[int(ids[i])], float(scores[i])) for i in top]
+        return list(zip(self.units.names(ids[top]), scores[top].tolist(), strict=True))
 
     def similarity(self, vector: np.ndarray, unit_ids: list[str]) -> list[float]:
         """Cosine of the query and each chunk (read back from the index by row)."""
         if not unit_ids:
             return []
-        vectors = self.segments.reconstruct(np.asarray([self.rows[u] for u in unit_ids], dtype=np.int64))
+        rows = self.units.rows_of(unit_ids)
+        if (rows < 0).any():
+            raise KeyError(unit_ids[int(np.argmin(rows))])
+        vectors = self.segments.reconstruct(rows)
         return [float(x) for x in vectors @ vector.reshape(-1)]
 
     def add(self, rows: list[int], vectors: np.ndarray, unit_ids: list[str]) -> None:
         self.segments.add(rows, vectors)
-        self.units.update(zip(rows, unit_ids, strict=True))
-        self.rows.update(zip(unit_ids, rows, strict=True))
+        self.units.add(rows, unit_ids)
 
     def remove(self, rows: list[int]) -> None:
         self.segments.remove(rows)
-        for row in rows:
-            self.rows.pop(self.units.pop(row, None), None)
+        self.units.remove(rows)
 
     def row_ids(self) -> np.ndarray:
         """The rows (store ids) the index holds vectors for."""

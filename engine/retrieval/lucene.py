@@ -35,7 +35,7 @@ from pathlib import Path
 
 from engine.documents import DATE, DOCUMENT_TYPE, Filters
 from engine.retrieval.java import start_jvm
-from engine.retrieval.protocol import Query, Ranking, Within
+from engine.retrieval.protocol import Query, Ranking, Within, live_only
 from engine.store.index_dir import IndexDirError
 
 _TEXT_FIELD = "(Ljava/lang/String;Ljava/lang/CharSequence;Lorg/apache/lucene/index/IndexableFieldType;)V"
@@ -248,7 +248,7 @@ class LuceneIndex:
             hits = self._top(self._restricted(j.generator.buildQuery("contents", j.analyzer, query.text), clauses), k)
         else:
             hits = self.search(query.text, k, within.allowed)
-        return [hit for hit in hits if hit[0] in within.live]
+        return live_only(hits, within.live)
 
     def _clauses(self, filters: Filters) -> list | None:
         """``filters`` as Lucene queries on the chunks' own terms, or None where one condition is on

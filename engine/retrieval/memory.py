@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from engine.retrieval.protocol import Query, Ranking, Within
+from engine.retrieval.protocol import Live, Query, Ranking, Within
 from engine.store.tokens import TextTokenizer, TokenTable
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class JudgmentMemory:
         vector: np.ndarray,
         k: int,
         exclude: str | None = None,
-        allowed: Container[str] | None = None,
+        allowed: Live | None = None,
         neighbors: int | None = None,
     ) -> list[tuple[str, float]]:
         """Top ``k`` (doc id, vote), best first; ties by doc id. Only documents in ``allowed`` (the
@@ -101,7 +101,7 @@ class JudgmentMemory:
         votes = np.bincount(voted, weights=scores, minlength=len(self._docs))
         found = np.flatnonzero(votes > 0)
         if allowed is not None:
-            found = found[[self._docs[i] in allowed for i in found]] if len(found) else found
+            found = found[allowed.contains([self._docs[i] for i in found])] if len(found) else found
         best = found[np.lexsort((found, -votes[found]))][:k]  # by vote, ties by id
         return [(self._docs[i], float(votes[i])) for i in best]
 

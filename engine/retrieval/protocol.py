@@ -9,7 +9,7 @@ retriever added, or one index split in shards, is one more entry, not another co
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,6 +32,25 @@ class Query:
     exclude: str | None = None
 
 
+class Live(Protocol):
+    """The chunks a search may return (the view's :class:`~engine.store.unit_map.UnitMap`, a
+    filter's set), asked of one chunk or of a whole ranking at once."""
+
+    def __contains__(self, unit: object) -> bool: ...
+
+    def contains(self, units: Sequence[str]) -> np.ndarray:
+        """A mask: which of ``units`` may be returned."""
+        ...
+
+
+def live_only(ranking: Ranking, live: Live) -> Ranking:
+    """``ranking`` without the chunks ``live`` does not hold."""
+    if not ranking:
+        return ranking
+    keep = live.contains([unit for unit, _ in ranking]).tolist()
+    return [hit for hit, kept in zip(ranking, keep, strict=True) if kept]
+
+
 @dataclass(frozen=True)
 class Within:
     """What a search may return: ``live`` (a filter's chunks, else every chunk the engine's view
@@ -39,7 +58,7 @@ class Within:
     within them itself, as store ``rows`` for FAISS's selector, and the ``filters`` themselves for
     one that holds the filtered fields (Lucene)."""
 
-    live: Container[str]
+    live: Live
     allowed: Collection[str] | None = None
     rows: Rows | None = None
     filters: Filters | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class Allowed:
 
     def __contains__(self, unit_id: object) -> bool:
         return unit_id in self.units
+
+    def contains(self, units: Sequence[str]) -> np.ndarray:
+        return np.fromiter((u in self.units for u in units), dtype=bool, count=len(units))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.units)

@@ -76,7 +76,7 @@ def run_stages(
     with engine.view_lock.reading():
         allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
         if allowed is None:
-            within = Within(engine.dense.rows)
+            within = Within(engine.dense.units)
         else:
             within = Within(allowed, allowed, allowed.rows, filters)
         asked, found = Query(query, vector, exclude), {}
@@ -91,7 +91,7 @@ def run_stages(
         if fusion is not None:
             fused = fusion.rank(query, found, rrf)
         elif engine.adapted is not None:
-            fused = engine.adapted.rerank(rrf, engine.dense.rows)
+            fused = engine.adapted.rerank(rrf, engine.dense.units)
         else:
             fused = rrf
         depth = max(rerank_depth, top_k)

@@ -18,6 +18,7 @@ from pathlib import Path
 from engine.documents import DATE, DOCUMENT_TYPE, Filters, unit_id
 from engine.store.index_dir import IndexDirError
 from engine.store.tokens import TextTokens
+from engine.store.unit_map import UnitMap
 from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ CREATE INDEX IF NOT EXISTS chunks_of_document ON chunks(document_id, unit_id);
 CREATE INDEX IF NOT EXISTS documents_by_type ON documents(json_extract(metadata, '$.document_type'));
 CREATE INDEX IF NOT EXISTS documents_by_date ON documents(json_extract(metadata, '$.date'));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS chunk_fields (
+    key TEXT NOT NULL, value NOT NULL, row INTEGER NOT NULL, PRIMARY KEY (key, value, row)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fields_of_row ON chunk_fields(row);
 CREATE TABLE IF NOT EXISTS passage_tokens (
     row INTEGER PRIMARY KEY, ids BLOB NOT NULL, width INTEGER NOT NULL, total INTEGER NOT NULL, overrun INTEGER NOT NULL
 );
@@ -81,6 +86,10 @@ class DocStore:
         try:
             conn = self._conn()
             conn.executescript(_SCHEMA)
+            if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM chunks)").fetchone()[
+                0
+            ]:  # a new store: fields from the start
+                conn.execute("INSERT OR IGNORE INTO meta VALUES ('fields_indexed', 1)")
             # every page read once: worth it for a small store, minutes for every worker's start at a
             # million chunks, where a damaged page is found by the query that reads it
             whole = self.path.stat().st_size <= QUICK_CHECK_BYTES
@@ -105,8 +114,10 @@ class DocStore:
     def count(self) -> int:
         return self._conn().execute("SELECT count(*) FROM chunks").fetchone()[0]
 
-    def unit_ids_by_row(self) -> dict[int, str]:
-        return dict(self._conn().execute("SELECT row, unit_id FROM chunks"))
+    def unit_map(self) -> UnitMap:
+        """Every chunk's row and unit id, as arrays (:class:`UnitMap`), read in slices."""
+        cursor = self._conn().execute("SELECT row, unit_id FROM chunks ORDER BY row")
+        return UnitMap.from_pairs(cursor)
 
     def chunks(self, unit_ids: Iterable[str]) -> dict[str, Chunk]:
         ids = list(dict.fromkeys(unit_ids))
@@ -155,7 +166,7 @@ class DocStore:
 
     def matching(self, filters: Filters) -> dict[str, int]:
         """unit id -> row of every chunk the filters allow."""
-        return dict(self._conn().execute(*matching_sql(filters)))
+        return dict(self._conn().execute(*matching_sql(filters, bool(self.meta("fields_indexed")))))
 
     def plan(self, query: str, args: Sequence) -> list[str]:
         """SQLite's plan for ``query``: how it finds the rows (an index, or a scan of a table)."""
@@ -193,6 +204,27 @@ class DocStore:
             _delete(conn, document_id)
             _set_meta(conn, seq, None)
 
+    def index_fields(self) -> int:
+        """Fill ``chunk_fields`` in a store written before it (``compact`` does): the chunks
+        indexed, 0 when they were already."""
+        if self.meta("fields_indexed"):
+            return 0
+        conn, done = self._conn(), 0
+        cursor = conn.execute("SELECT c.row, d.metadata, c.metadata FROM chunks c JOIN documents d USING (document_id)")
+        with _transaction(conn):
+            while batch := cursor.fetchmany(65536):
+                conn.executemany(
+                    "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)",
+                    [
+                        (key, value, row)
+                        for row, shared, own in batch
+                        for key, value in (_scalars(json.loads(shared)) | _scalars(json.loads(own))).items()
+                    ],
+                )
+                done += len(batch)
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('fields_indexed', 1)")
+        return done
+
     def checkpoint(self) -> None:
         """Fold SQLite's own WAL into the database file."""
         self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -215,11 +247,12 @@ _CHUNK_SELECT = (
 )
 
 
-def matching_sql(filters: Filters) -> tuple[str, list]:
+def matching_sql(filters: Filters, fields_indexed: bool = True) -> tuple[str, list]:
     """The query for :meth:`DocStore.matching`: document type and date through their expression
     indexes (``documents_by_type``, ``documents_by_date``), a document's chunks through
-    ``chunks_of_document``, which holds what the query reads (no chunk's text is read); other
-    metadata keys are read from every row."""
+    ``chunks_of_document``, which holds what the query reads (no chunk's text is read), equality
+    on any other metadata key through ``chunk_fields`` (each chunk's scalar metadata, its own over
+    its document's), or, in a store written before that table, from every row."""
     where: list[str] = []
     args: list = []
     if filters.document_types:
@@ -240,9 +273,13 @@ def matching_sql(filters: Filters) -> tuple[str, list]:
         where.append(f"c.document_id IN ({','.join('?' * len(filters.document_ids))})")
         args += filters.document_ids
     for key, value in filters.equalities.items():
-        path = "$." + json.dumps(key)
-        where.append("coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ?")
-        args += [path, path, value]
+        if fields_indexed:
+            where.append("c.row IN (SELECT row FROM chunk_fields WHERE key = ? AND value = ?)")
+            args += [key, value]
+        else:
+            path = "$." + json.dumps(key)
+            where.append("coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ?")
+            args += [path, path, value]
     query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
     if where:
         query += " WHERE " + " AND ".join(where)
@@ -270,6 +307,7 @@ class _transaction:
 def _delete(conn: sqlite3.Connection, document_id: str) -> None:
     rows = "SELECT row FROM chunks WHERE document_id = ?"
     conn.execute(f"DELETE FROM passage_tokens WHERE row IN ({rows})", (document_id,))
+    conn.execute(f"DELETE FROM chunk_fields WHERE row IN ({rows})", (document_id,))
     conn.execute("DELETE FROM chunks WHERE document_id = ?", (document_id,))
     conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
 
@@ -298,11 +336,26 @@ def _insert(
             for position, (c, row) in enumerate(zip(document["chunks"], rows, strict=True))
         ],
     )
+    shared = _scalars(document.get("metadata"))
+    conn.executemany(
+        "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)",
+        [
+            (key, value, row)
+            for c, row in zip(document["chunks"], rows, strict=True)
+            for key, value in (shared | _scalars(c.get("metadata"))).items()
+        ],
+    )
     if tokens is not None:
         conn.executemany(
             "INSERT INTO passage_tokens VALUES (?, ?, ?, ?, ?)",
             [(row, *t.blob()) for row, t in zip(rows, tokens, strict=True)],
         )
+
+
+def _scalars(metadata: dict | None) -> dict:
+    """The keys an equality filter can match: strings, numbers, booleans (a null leaves the
+    document's value to its chunks, as ``coalesce`` did)."""
+    return {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float) and k.strip()}
 
 
 def _set_meta(conn: sqlite3.Connection, seq: int | None, next_row: int | None) -> None:

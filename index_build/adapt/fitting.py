@@ -30,6 +30,7 @@ from pathlib import Path
 from engine.fusion.graph import CorpusGraph
 from engine.settings import EngineSettings
 from engine.store.index_dir import FUSION_DIR
+from engine.store.unit_map import UnitMap
 from index_build.adapt.card import write_card
 from index_build.adapt.generated import QueryWriter
 from index_build.adapt.graph import nearest, served_graph
@@ -89,7 +90,7 @@ def adapt_index(
 
 def _adapt(engine, settings: EngineSettings, build: BuildSettings, progress: bool, writer: QueryWriter | None) -> dict:
     rows, vectors = engine.dense.vectors()
-    units = [engine.dense.units[int(r)] for r in rows]
+    units = engine.dense.units.names(rows)
     chunks = engine.store.chunks(units)
     ordered = [chunks[u] for u in units]
     queries = pseudo_queries(ordered, build.adapt_queries)
@@ -117,7 +118,7 @@ def _adapt(engine, settings: EngineSettings, build: BuildSettings, progress: boo
         fused = view.rrf_runs(named, progress)
     finally:
         view.close()
-    row_of = {u: i for i, u in enumerate(units)}  # the view's rows are the vectors' positions
+    row_of = UnitMap.from_pairs(enumerate(units))  # the view's rows are the vectors' positions
 
     def run(part: list[str], k: int | None = None, weight: float = 0.0) -> dict[str, list[str]]:
         if k is None:
