@@ -434,6 +434,8 @@ def test_a_follower_shows_each_published_write_from_the_log_not_a_rewritten_inde
         assert all(h.document_id != "f1" for h in follower.search("wombat burrow digging", 5))
         assert follower.follower.status()["checkpoint"] == written["seq"] == writer.live.seq
         assert follower.dense.segments.base is base  # the checkpoint's writes read; the shared base kept mapped
+        # its names carried over and the changed rows looked up: the store's whole map, as read afresh
+        assert sorted(follower.dense.units.pairs()) == sorted(follower.store.unit_map().pairs())
         writer.live.upsert(DocumentIn.model_validate(_doc("f2", "quokka marsupial diet")), wait=True)
         assert follower.search("quokka marsupial diet", 1)[0].document_id == "f2"  # from the log again
     finally:

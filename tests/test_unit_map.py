@@ -52,3 +52,13 @@ def test_an_empty_map() -> None:
     assert units.contains(["a"]).tolist() == [False] and units.names([]) == []
     units.add([3], ["a#0"])
     assert units.names([3]) == ["a#0"] and units.get("a#0") == 3
+
+
+def test_a_copy_changes_apart_from_its_original() -> None:
+    units = UnitMap.from_pairs([(0, "a#0"), (1, "b#0"), (2, "c#0")])
+    units.add([5], ["e#0"])
+    other = units.copy()
+    other.remove([1, 5])
+    other.add([6], ["f#0"])
+    assert sorted(units.pairs()) == [(0, "a#0"), (1, "b#0"), (2, "c#0"), (5, "e#0")]
+    assert sorted(other.pairs()) == [(0, "a#0"), (2, "c#0"), (6, "f#0")]

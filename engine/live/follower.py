@@ -88,12 +88,15 @@ class Follower:
         except Exception as exc:  # replaced by a newer checkpoint between the listing and the read
             log.debug("checkpoint %s went away (%s); the next search catches up", checkpoint.seq, exc)
             return False
-        units = view.store.unit_map()
-        held = dense.row_ids()
-        kept = units.holds_rows(held)
-        dense.remove(held[~kept].tolist())
-        named = units.row_array()
-        units.remove(named[~np.isin(named, held)])  # rows the store holds and the checkpoint does not yet
+        # the rows this view names already keep their names: only the rows that changed are looked up
+        current = view.dense.units
+        units = current.copy() if len(current) else view.store.unit_map()
+        held, named = np.sort(dense.row_ids()), units.row_array()
+        units.remove(_missing(named, held))  # not in the checkpoint: dropped, or the store ahead of it
+        fresh = _missing(held, named)
+        rows, ids = view.store.units_of_rows(fresh)
+        units.add(rows, ids)
+        dense.remove(_missing(fresh, np.asarray(rows, dtype=np.int64)).tolist())  # rows the store no longer holds
         dense.bind(units)
         with view.lock.writing():
             view.bm25.refresh()
@@ -120,3 +123,11 @@ class Follower:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _missing(values: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
+    """The entries of ``values`` not in ``sorted_rows`` (ascending), by binary search."""
+    if not len(sorted_rows):
+        return values
+    at = np.minimum(np.searchsorted(sorted_rows, values), len(sorted_rows) - 1)
+    return values[sorted_rows[at] != values]

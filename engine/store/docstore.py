@@ -119,6 +119,19 @@ class DocStore:
         cursor = self._conn().execute("SELECT row, unit_id FROM chunks ORDER BY row")
         return UnitMap.from_pairs(cursor)
 
+    def units_of_rows(self, rows: Sequence[int]) -> tuple[list[int], list[str]]:
+        """The rows of ``rows`` the store holds, and their unit ids."""
+        found: list[int] = []
+        units: list[str] = []
+        wanted = [int(r) for r in rows]
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            query = f"SELECT row, unit_id FROM chunks WHERE row IN ({','.join('?' * len(part))})"
+            for row, unit in self._conn().execute(query, part):
+                found.append(row)
+                units.append(unit)
+        return found, units
+
     def chunks(self, unit_ids: Iterable[str]) -> dict[str, Chunk]:
         ids = list(dict.fromkeys(unit_ids))
         found: dict[str, Chunk] = {}

@@ -33,6 +33,14 @@ class UnitMap:
         self._added: dict[int, str] = {}  # rows added since, and their ids
         self._added_rows: dict[str, int] = {}
 
+    def copy(self) -> UnitMap:
+        """Another map of the same chunks, to change while this one is searched: the arrays are
+        shared (never written), the removals and the writes since copied."""
+        other = object.__new__(UnitMap)
+        other.__dict__.update(self.__dict__)
+        other._gone, other._added, other._added_rows = self._gone.copy(), dict(self._added), dict(self._added_rows)
+        return other
+
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[int, str]], slice_size: int = 65536) -> UnitMap:
         """From (row, unit id) pairs in any order (the store's rows, a checkpoint's), taken a slice
