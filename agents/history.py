@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.responder import SENTENCE_BATCH
-from engine.retrieval.dense import encode
+from engine.retrieval.encoder import encode
 from engine.text import split_sentences
 
 SUMMARY_PREFIX = "[Prior context summary: "

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.retrieval.dense import encode
-from engine.retrieval.encoder import QueryEncoder
+from engine.retrieval.encoder import QueryEncoder, encode
 from engine.text import split_sentences
 
 FOLLOW_UP_WEIGHT = 0.5  # the previous question's share when a question leans on it

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.retrieval.dense import build_faiss, encode
-from engine.retrieval.encoder import load_encoder
+from engine.retrieval.dense import build_faiss
+from engine.retrieval.encoder import encode, load_encoder
 from engine.settings import EngineSettings
 from engine.store.index_dir import DENSE_FILE
 from offline.dataset import load_dataset

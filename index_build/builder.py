@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.retrieval.dense import encode
-from engine.retrieval.encoder import load_encoder, pick_device
+from engine.retrieval.encoder import encode, load_encoder, pick_device
 from engine.retrieval.lucene import FILTER_FIELDS
 from engine.retrieval.memory import write_memory
 from engine.settings import EngineSettings

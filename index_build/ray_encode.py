@@ -1,7 +1,7 @@
 """``build --ray``: the parts' vectors encoded by a Ray cluster's actors and written by them.
 
 One Ray Data pipeline runs over every part still without vectors. A reader cuts each part's texts
-into the batches :func:`engine.retrieval.dense.encode` cuts (longest first, within the part), so an
+into the batches :func:`engine.retrieval.encoder.encode` cuts (longest first, within the part), so an
 actor pads and encodes exactly what a local build would, and the index is the local build's. The
 encoder actors (one a GPU, or one a CPU where the cluster has none) load the model once and write
 each batch's vectors into the build folder's vectors file themselves: nothing but counts comes

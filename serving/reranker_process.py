@@ -128,8 +128,7 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
 def _query_batcher(settings: Settings, device: str):
     """The index's query encoder on the reranker's device (fp16 on CUDA), batching every worker's
     queries."""
-    from engine.retrieval.dense import encode
-    from engine.retrieval.encoder import load_encoder
+    from engine.retrieval.encoder import encode, load_encoder
     from engine.retrieval.query_batcher import QueryBatcher
     from engine.store.index_dir import read_manifest
 

@@ -239,7 +239,7 @@ def test_a_server_that_fails_after_its_probe_leaves_the_documents_own_pseudo_que
 def test_a_generated_question_on_a_structural_querys_chunk_keeps_that_hold_out(adapted_index):
     """In a small corpus the structural pseudo-queries take every chunk, so questions are asked of
     the same chunks; a question takes nothing out, and the structural query's text stays out."""
-    from engine.retrieval.dense import encode
+    from engine.retrieval.encoder import encode
     from engine.search import HybridEngine
     from index_build.adapt import HeldOutView
     from index_build.adapt.generated import LLMServer, QueryWriter

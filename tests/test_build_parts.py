@@ -201,7 +201,7 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         assert engine.dense.search(vector, 1)[0][0] == "new-1#c1"  # in the inverted file, found by the probes
         assert "new-1" in {h.document_id for h in engine.search("zanzibar clove harvest", 3)}
         # a filter's rows outside the probed lists are found all the same
-        from engine.retrieval.dense import Rows
+        from engine.retrieval.protocol import Rows
 
         engine.dense.segments.ivf.nprobe = 1
         allowed = [row for row, unit in engine.dense.units.pairs() if not unit.startswith("D-coffee")][:9]

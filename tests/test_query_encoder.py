@@ -32,8 +32,7 @@ def minilm(minilm_path):
 
 
 def test_onnx_embeddings_are_torchs(minilm, minilm_path):
-    from engine.retrieval.dense import encode
-    from engine.retrieval.encoder import load_query_encoder
+    from engine.retrieval.encoder import encode, load_query_encoder
 
     encoder = load_query_encoder(minilm, minilm_path, "cpu")
     assert encoder.runtime == "onnx" and encoder.path.is_file()
@@ -89,8 +88,7 @@ def test_torch_serves_when_onnx_cannot(minilm, minilm_path, monkeypatch, caplog)
 
 def test_int8_encoder_is_within_the_probe_cosine_and_made_once(minilm, minilm_path, monkeypatch):
     from engine.onnx import ENCODER_INT8_FILE, ENCODER_INT8_RECIPE, TRACE_KEY, recorded
-    from engine.retrieval.dense import encode
-    from engine.retrieval.encoder import load_query_encoder
+    from engine.retrieval.encoder import encode, load_query_encoder
 
     int8 = load_query_encoder(minilm, minilm_path, "cpu", "auto", "int8")
     assert int8.runtime == "onnx-int8" and int8.path.name == ENCODER_INT8_FILE

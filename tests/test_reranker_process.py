@@ -17,8 +17,7 @@ import pytest
 
 from engine.rerank.loading import load_reranker
 from engine.rerank.pair_assembly import PassageTokens
-from engine.retrieval.dense import encode
-from engine.retrieval.encoder import load_encoder
+from engine.retrieval.encoder import encode, load_encoder
 from engine.store.index_dir import read_manifest
 from offline.dataset import load_dataset
 from offline.server_process import (

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.live.locks import ViewLock
-from engine.retrieval.dense import DenseRetriever, encode
+from engine.retrieval.dense import DenseRetriever
+from engine.retrieval.encoder import encode
 from engine.retrieval.lucene import LuceneIndex
 from engine.store.docstore import DocStore
 from engine.store.index_dir import DOCS_FILE, WAL_FILE, DenseCheckpoint, IndexDirError, Manifest

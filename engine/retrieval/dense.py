@@ -8,12 +8,11 @@ lists, ``hnsw`` a graph. What a server searches is a base and the writes since i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.retrieval.protocol import Query, Ranking, Within
+from engine.retrieval.protocol import Query, Ranking, Rows, Within
 from engine.retrieval.segments import DenseSegments
 from engine.store.index_dir import DOCS_FILE, DenseCheckpoint, IndexDirError
 from engine.store.unit_map import UnitMap
@@ -39,30 +38,6 @@ def build_faiss(embeddings: np.ndarray, kind: str, hnsw_m: int = 32, rows: np.nd
     ids = np.arange(len(embeddings), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
     index.add_with_ids(np.ascontiguousarray(embeddings, dtype=np.float32), ids)
     return index
-
-
-def encode(
-    model, texts: list[str], batch_size: int = 64, batches: Callable[[range], Iterable[int]] = iter
-) -> np.ndarray:
-    """Normalised float32 embeddings, ``batch_size`` at a time; ``batches`` wraps the batch starts
-    (a build passes a progress bar).
-
-    Batches are cut from the texts sorted longest first, as sentence-transformers cuts them in one
-    call, so every text shares a batch (and padding) with the same neighbours either way and the
-    vectors are bit-for-bit those of a single ``model.encode`` call.
-    """
-    order = np.argsort([-len(text) for text in texts])
-    vectors = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
-    for start in batches(range(0, len(texts), batch_size)):
-        rows = order[start : start + batch_size]
-        vectors[rows] = model.encode(
-            [texts[i] for i in rows],
-            batch_size=batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-    return vectors
 
 
 class TorchFlatIndex:
@@ -107,25 +82,6 @@ def place_index(index, device: str) -> tuple[object, str]:
         ids = faiss.vector_to_array(index.id_map)
         return TorchFlatIndex(base.reconstruct_n(0, base.ntotal), ids, device), "torch-cuda"
     return index, "faiss-cpu"
-
-
-class Rows:
-    """Store rows a search is held to (a filter's), with the FAISS selector over them made once
-    for every search that shares them (100,000 rows: milliseconds a search otherwise)."""
-
-    def __init__(self, ids: np.ndarray) -> None:
-        self.ids = np.asarray(ids, dtype=np.int64)
-        self._selector = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def selector(self):
-        import faiss
-
-        if self._selector is None:
-            self._selector = faiss.IDSelectorBatch(self.ids)
-        return self._selector
 
 
 EXACT_WITHIN = 20_000  # a filter's rows an inverted file scores one by one rather than by its lists

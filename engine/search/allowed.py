@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from engine.documents import Filters
-from engine.retrieval.dense import Rows
+from engine.retrieval.protocol import Rows
 from engine.store.docstore import DocStore
 
 KEPT_ROWS = 2_000_000  # rows held over every kept filter (~200 MB at most)

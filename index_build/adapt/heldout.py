@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.fusion.rrf import reciprocal_rank_fusion
-from engine.retrieval.dense import encode
+from engine.retrieval.encoder import encode
 from engine.retrieval.lucene import LuceneIndex
 from engine.settings import EngineSettings
 from index_build.adapt.pseudo import PseudoQuery
