@@ -8,9 +8,10 @@ answering; each worker's resident and proportional memory (PSS counts pages the 
 once); dev queries at 1 client (p50/p95) and at 64 (queries/s, errors); a filter on
 ``document_type`` at 1 client; then live writes: 10 documents a second through REST for 60 s
 while 4 clients search, each acknowledged document looked for on the follower until found
-(acknowledgement to visible), the writer's bytes written per refresh, every document read back;
-and the writer killed with SIGKILL: the time until it serves again, what it replayed, and the
-documents still there; last, the dense files the checkpoint at the clean stop wrote.
+(acknowledgement to visible, and each POST's own time), the writer's bytes written per refresh,
+every document read back; and the writer killed with SIGKILL: the time until it serves again,
+what it replayed, and the documents still there; last, the dense files the checkpoint at the
+clean stop wrote.
 """
 
 from __future__ import annotations
@@ -115,11 +116,14 @@ def live_writes(url: str, queries: list[str]) -> dict:
     prober.start()
     written_before, began = _written(pid), time.perf_counter()
     n = WRITE_RATE * WRITE_SECONDS
+    acknowledging: list[float] = []  # each POST's own time: a write that waits behind a refresh shows here
     for i in range(n):
         time.sleep(max(0.0, began + i / WRITE_RATE - time.perf_counter()))
+        sent = time.perf_counter()
         writer.post("/documents", json=_document(i)).raise_for_status()
         with lock:
             acked[f"scale-live-{i}"] = time.perf_counter()
+        acknowledging.append(acked[f"scale-live-{i}"] - sent)
     writing.clear()
     prober.join(timeout=30)
     given_up.set()
@@ -136,6 +140,7 @@ def live_writes(url: str, queries: list[str]) -> dict:
     return {
         "documents": n,
         "seconds": round(seconds, 1),
+        "acknowledged_ms": percentiles(acknowledging),
         "ack_to_visible_on_follower_ms": percentiles(visible),
         "searches_meanwhile": {"clients": SEARCHERS, "n": len(searched), **percentiles(searched)},
         "writer_bytes_written": written,
