@@ -86,9 +86,8 @@ class DocStore:
         try:
             conn = self._conn()
             conn.executescript(_SCHEMA)
-            if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM chunks)").fetchone()[
-                0
-            ]:  # a new store: fields from the start
+            (empty,) = conn.execute("SELECT NOT EXISTS (SELECT 1 FROM chunks)").fetchone()
+            if empty:  # a new store keeps chunk_fields from its first write
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('fields_indexed', 1)")
             # every page read once: worth it for a small store, minutes for every worker's start at a
             # million chunks, where a damaged page is found by the query that reads it
@@ -226,14 +225,7 @@ class DocStore:
         cursor = conn.execute("SELECT c.row, d.metadata, c.metadata FROM chunks c JOIN documents d USING (document_id)")
         with _transaction(conn):
             while batch := cursor.fetchmany(65536):
-                conn.executemany(
-                    "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)",
-                    [
-                        (key, value, row)
-                        for row, shared, own in batch
-                        for key, value in (_scalars(json.loads(shared)) | _scalars(json.loads(own))).items()
-                    ],
-                )
+                _insert_fields(conn, ((row, json.loads(shared), json.loads(own)) for row, shared, own in batch))
                 done += len(batch)
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('fields_indexed', 1)")
         return done
@@ -349,15 +341,8 @@ def _insert(
             for position, (c, row) in enumerate(zip(document["chunks"], rows, strict=True))
         ],
     )
-    shared = _scalars(document.get("metadata"))
-    conn.executemany(
-        "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)",
-        [
-            (key, value, row)
-            for c, row in zip(document["chunks"], rows, strict=True)
-            for key, value in (shared | _scalars(c.get("metadata"))).items()
-        ],
-    )
+    shared = document.get("metadata")
+    _insert_fields(conn, ((row, shared, c.get("metadata")) for c, row in zip(document["chunks"], rows, strict=True)))
     if tokens is not None:
         conn.executemany(
             "INSERT INTO passage_tokens VALUES (?, ?, ?, ?, ?)",
@@ -365,10 +350,18 @@ def _insert(
         )
 
 
-def _scalars(metadata: dict | None) -> dict:
-    """The keys an equality filter can match: strings, numbers, booleans (a null leaves the
-    document's value to its chunks, as ``coalesce`` did)."""
-    return {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float) and k.strip()}
+def _insert_fields(conn: sqlite3.Connection, chunks: Iterable[tuple[int, dict | None, dict | None]]) -> None:
+    """``chunk_fields`` of each (row, its document's metadata, its own): the keys an equality
+    filter can match, strings, numbers and booleans, the chunk's own over its document's (a null
+    leaves the document's value, as ``coalesce`` did)."""
+
+    def scalars(metadata: dict | None) -> dict:
+        return {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float) and k.strip()}
+
+    conn.executemany(
+        "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)",
+        [(key, value, row) for row, shared, own in chunks for key, value in (scalars(shared) | scalars(own)).items()],
+    )
 
 
 def _set_meta(conn: sqlite3.Connection, seq: int | None, next_row: int | None) -> None:
