@@ -164,10 +164,11 @@ class UnitMap:
     def _id_positions(self, units: Sequence[str]) -> np.ndarray:
         if not len(self._ids) or not len(units):
             return np.full(len(units), -1, dtype=np.int64)
-        width = self._ids.dtype.itemsize
         encoded = [u.encode() for u in units]
-        fits = np.fromiter((len(e) <= width for e in encoded), dtype=bool, count=len(encoded))
-        wanted = np.asarray([e if f else b"" for e, f in zip(encoded, fits, strict=True)], dtype=self._ids.dtype)
+        # at the arrays' width (a wider array would make searchsorted copy them whole); an id cut
+        # short to fit is no id of theirs
+        fits = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) <= self._ids.dtype.itemsize
+        wanted = np.array(encoded, dtype=self._ids.dtype)
         at = np.minimum(np.searchsorted(self._ids, wanted, sorter=self._order), len(self._ids) - 1)
         pos = self._order[at]
         hit = fits & (self._ids[pos] == wanted) & ~self._gone[pos]
