@@ -26,6 +26,8 @@ FLAG_NAMES = {
     "ray_search_replicas": "--search-replicas",
     "ray_reranker_replicas": "--reranker-replicas",
     "ray_replica_cpus": "--replica-cpus",
+    "ray_shard_replicas": "--shard-replicas",
+    "ray_shard_failure": "--shard-failure",
 }
 METAVARS = {
     "tls_cert": "PEM",

@@ -45,7 +45,7 @@ from index_build.dense_index import RECALL_QUERIES, build_dense, check_factory
 from index_build.parts import BuildFolder, Part, plan_parts
 from index_build.settings import BuildSettings
 from index_build.train_fusion import train_fusion, training_split
-from index_build.vectors import GivenVectors, VectorsError
+from index_build.vectors import EncodedRows, GivenVectors, VectorsError
 from offline.dataset import Dataset
 from offline.progress import track
 
@@ -62,6 +62,8 @@ def build_index(
     ray: str | None = None,
     questions: QueryWriter | None = None,
     release: bool = False,
+    rows: np.ndarray | None = None,
+    encoded: Path | None = None,
 ) -> Manifest:
     """Build into a work folder beside the target, then swap it in, so readers never see half an index.
 
@@ -80,10 +82,18 @@ def build_index(
     them, ``build.adapt`` learns from the documents (:mod:`index_build.adapt`) before the swap, so an
     interrupted build never serves a half-adapted index. A reranker trained into an earlier index of
     the same corpus is carried over.
+
+    ``build.shards`` above 1 builds a sharded index (:mod:`index_build.shards`). One shard's build
+    is given ``rows``, each chunk's row in the whole corpus (default: their order here), and
+    ``encoded``, the whole corpus's vectors as the sharded build encoded them.
     """
     started = time.perf_counter()
     if build.adapt == "full":
         raise AdaptError(FULL_MISSING)
+    if build.shards > 1:
+        from index_build.shards import build_sharded
+
+        return build_sharded(settings, build, corpus, progress, ray, questions, release)
     release = release or corpus is None  # a corpus opened here is this build's to drop once stored
     if corpus is None:
         corpus = open_corpus(build.data_dir, build.chunk_words, build.chunk_overlap_words, progress)
@@ -110,7 +120,9 @@ def build_index(
     }
     with BuildFolder.open(target, key) as work:
         given = None
-        if build.vectors is not None:
+        if encoded is not None:
+            given = EncodedRows(encoded, rows)
+        elif build.vectors is not None:
             given = GivenVectors(build.vectors, _record_ids(corpus), dimension, work.path)
         tmp = work.path / "index"
         tmp.mkdir(exist_ok=True)
@@ -118,25 +130,17 @@ def build_index(
             shutil.rmtree(tmp / BM25_DIR, ignore_errors=True)
             build_bm25(tmp / BM25_DIR, docs, parts, work, build.bm25_workers, progress)
             work.mark("bm25")
-        todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
-        if ray is not None and given is None and todo:  # written by the cluster's actors
-            from index_build.ray_encode import encode_on_ray
-
-            batch = settings.encode_batch_size
-            encode_on_ray(work, todo, docs, chunks, dimension, build.encoder, settings.device, batch, ray, progress)
-            todo = []
-        for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(todo) > 1):
-            work.save_vectors(part, _part_vectors(encoder, settings, given, docs, part, progress), chunks)
+        write_vectors(work, parts, docs, encoder, build.encoder, settings, given, ray, progress)
         tokenizer = TextTokenizer(encoder.tokenizer)  # the rerankers' token ids: MiniLM rerankers share it
         if not work.done("store") or not (tmp / DOCS_FILE).is_file():
-            _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress)
+            _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress, rows)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
         documents, probe_texts = len(docs), _probe_texts(corpus)
         if release:  # the texts are in the store now: the rest of the build reads the index
             _release(corpus)
         probes = functools.partial(encode, encoder, probe_texts)
-        index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes)
+        index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes, rows)
         import faiss
 
         faiss.write_index(index, str(tmp / DENSE_FILE))
@@ -243,8 +247,38 @@ def _record_ids(corpus: Corpus) -> list[str]:
     return ids
 
 
+def write_vectors(
+    work: BuildFolder,
+    parts: list[Part],
+    docs: Sequence[dict],
+    encoder,
+    name: str,
+    settings: EngineSettings,
+    given: GivenVectors | EncodedRows | None,
+    ray: str | None,
+    progress: bool,
+) -> None:
+    """Every part's vectors into ``work``'s vectors file, the parts it lacks: taken from ``given``,
+    encoded on the Ray cluster at ``ray`` (``encoder`` there by its ``name``), or encoded here."""
+    chunks = parts[-1].rows.stop if parts else 0
+    todo = [part for part in parts if part.rows and not work.has_vectors(part.number)]
+    if ray is not None and given is None and todo:  # written by the cluster's actors
+        from index_build.ray_encode import encode_on_ray
+
+        dimension, batch = encoder.get_embedding_dimension(), settings.encode_batch_size
+        encode_on_ray(work, todo, docs, chunks, dimension, name, settings.device, batch, ray, progress)
+        todo = []
+    for part in track(todo, f"vectors of {chunks:,} chunks", "part", enabled=progress and len(todo) > 1):
+        work.save_vectors(part, _part_vectors(encoder, settings, given, docs, part, progress), chunks)
+
+
 def _part_vectors(
-    encoder, settings: EngineSettings, given: GivenVectors | None, docs: Sequence[dict], part: Part, progress: bool
+    encoder,
+    settings: EngineSettings,
+    given: GivenVectors | EncodedRows | None,
+    docs: Sequence[dict],
+    part: Part,
+    progress: bool,
 ) -> np.ndarray:
     """A part's vectors: the given file's rows (the part's texts are not even read), or encoded here."""
     if given is not None:
@@ -254,20 +288,31 @@ def _part_vectors(
     return encode(encoder, texts, settings.encode_batch_size, bar)
 
 
-def _write_store(path: Path, docs: Sequence[dict], parts: list[Part], tokenizer: TextTokenizer, progress: bool) -> None:
+def _write_store(
+    path: Path,
+    docs: Sequence[dict],
+    parts: list[Part],
+    tokenizer: TextTokenizer,
+    progress: bool,
+    numbered: np.ndarray | None = None,
+) -> None:
     """Every document with its chunks' token ids, a part a transaction, tokenized a part at a time
     (all at once, tokenizing held every encoding alive: 47 KB a passage). A stopped build keeps the
-    parts it stored: the store's next row says where to go on."""
+    parts it stored: the store's next row says where to go on. ``numbered``: each chunk's row (a
+    shard's, in the whole corpus, ascending), else its position."""
     store = DocStore(path)
     stored = store.meta("next_row")
-    todo = [part for part in parts if part.rows.start >= stored and (part.rows or stored == 0)]
+    row_of = (lambda i: int(numbered[i])) if numbered is not None else (lambda i: i)  # noqa: E731
+    todo = [
+        part for part in parts if part.rows and row_of(part.rows.start) >= stored or (not part.rows and stored == 0)
+    ]
     for part in track(todo, "document store", "part", enabled=progress and len(parts) > 1):
         part_docs = docs[part.docs]
         texts = chunk_texts(part_docs)
         tokens = [t for i in range(0, len(texts), TOKENIZE_BATCH) for t in tokenizer(texts[i : i + TOKENIZE_BATCH])]
         placed, row = [], part.rows.start
         for doc in part_docs:
-            rows = list(range(row, row + len(doc["chunks"])))
+            rows = [row_of(i) for i in range(row, row + len(doc["chunks"]))]
             placed.append((doc, rows, tokens[row - part.rows.start : row - part.rows.start + len(rows)]))
             row += len(rows)
         store.write_documents(placed)

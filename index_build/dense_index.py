@@ -71,8 +71,9 @@ def build_dense(
     hnsw_m: int = 32,
     progress: bool = False,
     queries: Callable[[], np.ndarray] | None = None,
+    rows: np.ndarray | None = None,
 ) -> tuple[object, dict]:
-    """The index over ``vectors`` (rows 0..n-1) and what the manifest records of it: the factory
+    """The index over ``vectors`` (by ``rows``, default 0..n-1) and what the manifest records of it: the factory
     string, and for IVF its nlist, nprobe and recall@100 on ``queries()`` (encoded sample queries,
     asked for only then; default: corpus vectors, which sit in their own lists and flatter it)."""
     import faiss
@@ -105,9 +106,10 @@ def build_dense(
         starts, f"dense index {factory}: adding {n:,} vectors", "batch", enabled=progress and len(starts) > 1
     ):
         stop = min(n, start + step)
-        index.add_with_ids(np.ascontiguousarray(vectors[start:stop], dtype=np.float32), np.arange(start, stop))
+        ids = np.arange(start, stop) if rows is None else np.asarray(rows[start:stop], dtype=np.int64)
+        index.add_with_ids(np.ascontiguousarray(vectors[start:stop], dtype=np.float32), ids)
     if ivf is not None:
-        info |= {"nlist": ivf.nlist} | _tune_nprobe(index, ivf, vectors, queries() if queries else None)
+        info |= {"nlist": ivf.nlist} | _tune_nprobe(index, ivf, vectors, queries() if queries else None, rows)
     return index, info
 
 
@@ -117,9 +119,9 @@ def _sample(vectors: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(vectors[rows], dtype=np.float32)
 
 
-def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None) -> dict:
+def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None, ids: np.ndarray | None) -> dict:
     """The smallest power-of-two nprobe whose recall@100 against exact search reaches the target on
-    ``queries``; set on the index."""
+    ``queries``; set on the index (whose ids are ``ids``, default the positions)."""
     import faiss
 
     queries = _sample(vectors, RECALL_QUERIES) if queries is None else np.ascontiguousarray(queries, np.float32)
@@ -135,6 +137,8 @@ def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None) ->
         merged_rows = np.concatenate([truth, rows + start], axis=1)
         best = np.argsort(-merged_scores, axis=1)[:, :k]
         top, truth = np.take_along_axis(merged_scores, best, 1), np.take_along_axis(merged_rows, best, 1)
+    if ids is not None:
+        truth = np.where(truth >= 0, np.asarray(ids, dtype=np.int64)[np.maximum(truth, 0)], -1)
     recall, nprobe = 0.0, 1
     while True:
         ivf.nprobe = nprobe

@@ -54,6 +54,14 @@ class BuildSettings(BaseModel):
         description="the chunks' vectors, made elsewhere, instead of encoding: a .npy (one row a record, in the"
         " corpus's order) or a .parquet with _id and vector columns; --encoder must name the model that made them",
     )
+    shards: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="split the index into this many shards, each document in the one a hash of its id names: each"
+        " shard a whole index (with --ray, built by a task of its own), searched together as one index, with equal"
+        " rankings (docs/ray.md); 1: one index",
+    )
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree (an hnsw dense index only)")
     memory_split: MaybeStr = Field(
         "auto",

@@ -60,6 +60,18 @@ class GivenVectors:
         return part / norms
 
 
+class EncodedRows:
+    """A sharded build's vectors of the whole corpus, at one shard's ``picked`` rows, as they were
+    encoded (already of unit length: taken bit for bit, so a shard's are one index's)."""
+
+    def __init__(self, path: Path, picked: np.ndarray) -> None:
+        self.array, self.picked = np.load(path, mmap_mode="r"), np.asarray(picked, dtype=np.int64)
+        self.source = {"file": str(Path(path).resolve()), "form": "the sharded build's own"}
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self.array[self.picked[start:stop]], dtype=np.float32)
+
+
 def _open_npy(path: Path) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)

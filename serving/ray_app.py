@@ -14,6 +14,12 @@ Deployments behind Serve's HTTP proxy (one port):
   before it searches (:mod:`engine.live.follower`): a write is visible on every replica within the
   refresh interval, and at once when it was sent with ``wait``.
 
+Over a sharded index (``build --shards N``) the search replicas hold no BM25, dense index or
+store: each shard is a deployment of its own (``ShardReplica``, ``--shard-replicas`` of them, which
+Serve spreads over the nodes), with its own writer, and a search replica asks every shard and
+merges (:mod:`engine.shards`), running the memory, the fusion and the reranker once on the merged
+candidates. A write goes to the writer of its document's shard (:class:`serving.remotes.ShardedWriter`).
+
 Index directories are read from the same path on every node (a shared disk). Ray is an optional
 extra (``pip install 'hybrid-search[ray]'``): nothing else imports this module.
 """
@@ -28,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import ray
 from ray import serve
-from ray.exceptions import RayError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
 from engine.documents import DocumentIn
@@ -36,13 +41,16 @@ from engine.rerank.batching import score_together
 from engine.rerank.loading import open_reranker
 from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
-from engine.store.index_dir import read_manifest
-from serving.admission import Overloaded
+from engine.shards.opened import SHARD_ONLY, shard_settings
+from engine.shards.shard import LocalShard
+from engine.store.index_dir import read_manifest, shard_dir
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
+from serving.remotes import RemoteShards, RemoteWriter, ShardedWriter
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.signals import sleep_until
+from serving.transport import RayTransport
 
 log = logging.getLogger(__name__)
 APP_NAME = "hybrid-search"
@@ -101,38 +109,6 @@ class WriterReplica:
             engine.close()  # a checkpoint: the next writer replays nothing
 
 
-class RemoteWriter:
-    """The writer deployment as the engine's ``live``: the same calls, its errors as raised there."""
-
-    def __init__(self, handle: DeploymentHandle, timeout_s: float) -> None:
-        self.handle, self.timeout_s = handle, timeout_s
-
-    def _call(self, method: str, *args):
-        try:
-            return getattr(self.handle, method).remote(*args).result(timeout_s=self.timeout_s)
-        except RayTaskError as exc:  # DocumentNotFound, StorageFull...: the doors phrase them
-            raise exc.cause from None
-        except RayError as exc:  # the writer replica died (Serve starts another) or outlasted the timeout
-            log.warning("the writer deployment failed a call (%s)", type(exc).__name__)
-            message = "the index's writer is restarting or busy; send it again (a document sent twice is kept once)"
-            raise Overloaded(message, 5) from None
-
-    def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
-        return self._call("upsert", document.model_dump(mode="json"), wait)
-
-    def delete(self, document_id: str, wait: bool = False) -> dict:
-        return self._call("delete", document_id, wait)
-
-    def document(self, document_id: str) -> dict | None:
-        return self._call("document", document_id)
-
-    def status(self) -> dict:
-        return {"writer": "the Ray deployment 'writer' (one replica)"}
-
-    def close(self) -> None:
-        """The writer deployment closes itself."""
-
-
 class RemoteReranker:
     """The engine's reranker when it is a deployment: the same ``score``, one batched call away."""
 
@@ -147,26 +123,93 @@ class RemoteReranker:
         return self.handle.score.remote((query, passages)).result(timeout_s=self.timeout_s)
 
 
+@serve.deployment(name="shard")
+class ShardReplica:
+    """One shard of a sharded index: its BM25, dense index and store, answering the coordinators'
+    calls (:class:`engine.shards.shard.LocalShard`), following its shard's writer when there is one."""
+
+    def __init__(self, settings: Settings, shard: int, writer: DeploymentHandle | None) -> None:
+        engine_settings = shard_settings(settings.engine, settings.engine.index_dir, shard)
+        timeout = settings.serving.query_timeout_s
+        follow = RemoteWriter(RayTransport(writer, f"writer of shard {shard}"), timeout) if writer else None
+        self.shard = LocalShard(HybridEngine(engine_settings, follow=follow))
+
+    async def statistics(self, text: str):
+        return await asyncio.to_thread(self.shard.statistics, text)
+
+    async def bm25(self, *args):
+        return await asyncio.to_thread(self.shard.bm25, *args)
+
+    async def dense(self, *args):
+        return await asyncio.to_thread(self.shard.dense, *args)
+
+    async def chunks(self, unit_ids: list[str]):
+        return await asyncio.to_thread(self.shard.chunks, unit_ids)
+
+    async def similarity(self, *args):
+        return await asyncio.to_thread(self.shard.similarity, *args)
+
+    async def holding(self, *args):
+        return await asyncio.to_thread(self.shard.holding, *args)
+
+    async def document(self, document_id: str):
+        return await asyncio.to_thread(self.shard.document, document_id)
+
+    async def sample(self, n: int):
+        return await asyncio.to_thread(self.shard.sample, n)
+
+    def size(self) -> int:
+        return self.shard.size()
+
+    def __del__(self) -> None:
+        shard = getattr(self, "shard", None)
+        if shard is not None:
+            shard.close()
+
+
 @serve.deployment(name="search")
 @serve.ingress()
 class SearchReplica:
-    """The doors and retrieval; reranking through the reranker deployment when there is one."""
+    """The doors and retrieval; reranking through the reranker deployment when there is one. Over a
+    sharded index, retrieval asks the shard deployments and merges (the judgment memory and the
+    fusion run here, on the merged candidates)."""
 
-    def __init__(self, settings: Settings, reranker: DeploymentHandle | None, writer: DeploymentHandle | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        reranker: DeploymentHandle | None,
+        writer: DeploymentHandle | None,
+        shards: list[DeploymentHandle] | None = None,
+        writers: list[DeploymentHandle] | None = None,
+    ) -> None:
         self.settings = settings
         # Serve runs constructors on the replica's event loop, where a handle's answer cannot be
         # waited for; the engine (which asks the reranker what it reads) is built on a thread
         with ThreadPoolExecutor(1) as pool:
-            self.service = pool.submit(self._service, settings, reranker, writer).result()
+            self.service = pool.submit(self._service, settings, reranker, writer, shards, writers).result()
 
     @staticmethod
-    def _service(settings: Settings, reranker: DeploymentHandle | None, writer: DeploymentHandle | None):
+    def _service(
+        settings: Settings,
+        reranker: DeploymentHandle | None,
+        writer: DeploymentHandle | None,
+        shards: list[DeploymentHandle] | None,
+        writers: list[DeploymentHandle] | None,
+    ):
         timeout = settings.serving.query_timeout_s
         remote = None
         if reranker is not None:
             remote = RemoteReranker(reranker, reranker.describe.remote().result(timeout_s=timeout), timeout)
-        follow = RemoteWriter(writer, timeout) if writer is not None else None
-        return SearchService(settings, HybridEngine(settings.engine, reranker=remote, follow=follow))
+        follow = RemoteWriter(RayTransport(writer, "writer"), timeout) if writer is not None else None
+        sharded = None
+        if shards:
+            partial = settings.scale_out.ray_shard_failure == "partial"
+            sharded = RemoteShards([RayTransport(h, f"shard {i}") for i, h in enumerate(shards)], timeout, partial)
+            if writers:
+                named = [RayTransport(h, f"writer of shard {i}") for i, h in enumerate(writers)]
+                follow = ShardedWriter([RemoteWriter(t, timeout) for t in named])
+        engine = HybridEngine(settings.engine, reranker=remote, follow=follow, shards=sharded)
+        return SearchService(settings, engine)
 
     def __serve_build_asgi_app__(self):
         _, apps = build_apps(self.settings, service=self.service)
@@ -199,19 +242,51 @@ def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
             settings.scale_out.ray_reranker_replicas, settings.scale_out.ray_replica_cpus, gpus
         )
         reranker = RerankerReplica.options(**options).bind(settings, device)
-    writer = WriterReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings) if writable else None
     options = _deployment_options(settings.scale_out.ray_search_replicas, settings.scale_out.ray_replica_cpus)
+    shards = read_manifest(settings.engine.index_dir).shards
+    if shards:
+        return SearchReplica.options(**options).bind(
+            search_settings, reranker, None, *_shards(search_settings, shards, writable)
+        )
+    writer = WriterReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings) if writable else None
     return SearchReplica.options(**options).bind(search_settings, reranker, writer)
+
+
+def _shards(settings: Settings, shards: int, writable: bool) -> tuple[list, list]:
+    """A deployment a shard (its replicas spread over the cluster's nodes by Serve) and, unless
+    read-only, its writer."""
+    index_dir = settings.engine.index_dir
+    replicas = {"num_replicas": settings.scale_out.ray_shard_replicas}
+    cpus = {"num_cpus": settings.scale_out.ray_replica_cpus}
+    writers = (
+        [
+            WriterReplica.options(name=f"writer-{i}", ray_actor_options={"num_cpus": 0}).bind(
+                settings.with_values(index_dir=shard_dir(index_dir, i), **SHARD_ONLY)
+            )
+            for i in range(shards)
+        ]
+        if writable
+        else []
+    )
+    deployed = [
+        ShardReplica.options(name=f"shard-{i}", ray_actor_options=cpus, **replicas).bind(
+            settings, i, writers[i] if writable else None
+        )
+        for i in range(shards)
+    ]
+    return deployed, writers
 
 
 def _check_fits(settings: Settings, resources: dict, gpus: float, local: bool) -> None:
     """Refuse, before deploying, what the cluster cannot place (Serve would wait for it forever):
     on a local cluster the CPUs; on any cluster the GPUs the reranker replicas ask for."""
     ray = settings.scale_out
-    cpus = ray.ray_replica_cpus * (ray.ray_search_replicas[0] + ray.ray_reranker_replicas[0])
+    shards = ray.ray_shard_replicas * read_manifest(settings.engine.index_dir).shards
+    cpus = ray.ray_replica_cpus * (ray.ray_search_replicas[0] + ray.ray_reranker_replicas[0] + shards)
     if local and cpus > resources.get("CPU", 0):
         raise RuntimeError(
-            f"{ray.ray_search_replicas[0]} search + {ray.ray_reranker_replicas[0]} reranker replicas of"
+            f"{ray.ray_search_replicas[0]} search + {ray.ray_reranker_replicas[0]} reranker"
+            f"{f' + {shards} shard' if shards else ''} replicas of"
             f" {ray.ray_replica_cpus:g} CPUs need {cpus:g} CPUs; this machine's Ray cluster has"
             f" {resources.get('CPU', 0):g}: lower --replica-cpus or the replicas, or join a cluster (--address)"
         )

@@ -26,8 +26,16 @@ class SearchResult(BaseModel):
     text: str
 
 
+MISSING_SHARDS = Field(
+    None,
+    description="only when shards of a sharded index did not answer (served with --shard-failure partial): their"
+    " numbers; the results lack their documents",
+)
+
+
 class SearchResponse(BaseModel):
     results: list[SearchResult]
+    missing_shards: list[int] | None = MISSING_SHARDS
 
 
 class ChunkResult(SearchResult):
@@ -45,6 +53,11 @@ class ChunkResult(SearchResult):
 
 class ChunkResponse(BaseModel):
     results: list[ChunkResult]
+    missing_shards: list[int] | None = MISSING_SHARDS
+
+
+def _missing(hits: list[Hit]) -> list[int] | None:
+    return getattr(hits, "missing_shards", None) or None
 
 
 def to_chunks(hits: list[Hit]) -> ChunkResponse:
@@ -63,13 +76,15 @@ def to_chunks(hits: list[Hit]) -> ChunkResponse:
                 resource_uri=document_uri(h.document_id),
             )
             for h in hits
-        ]
+        ],
+        missing_shards=_missing(hits),
     )
 
 
 def to_response(hits: list[Hit]) -> SearchResponse:
     return SearchResponse(
-        results=[SearchResult(doc_id=h.doc_id, score=h.score, title=h.title, text=h.text) for h in hits]
+        results=[SearchResult(doc_id=h.doc_id, score=h.score, title=h.title, text=h.text) for h in hits],
+        missing_shards=_missing(hits),
     )
 
 

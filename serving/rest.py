@@ -46,7 +46,8 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
         async def handler(request: Request) -> Response:
             query = validated(service.search_request, await json_body(request, limit))
             answer = respond(await service.search(query, door="rest"))
-            return Response(answer.model_dump_json(), media_type="application/json")  # serialized once
+            whole = {"missing_shards"} if answer.missing_shards is None else None  # said only when shards were
+            return Response(answer.model_dump_json(exclude=whole), media_type="application/json")  # serialized once
 
         reply = get_type_hints(respond)["return"]
         return Op(f"POST /{path}", handler, summary, what, (*BODY, *BUSY), reply=reply, body=service.search_request)
@@ -67,8 +68,8 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     async def solve(request: Request) -> Response:
         return JSONResponse(await service.solve(await json_body(request, limit)))
 
-    async def health(request: Request) -> Response:
-        return JSONResponse({**service.health(), "agent_protocol": door.describe()})
+    async def health(request: Request) -> Response:  # off the event loop: remote writers and shards are asked
+        return JSONResponse({**await run_in_threadpool(service.health), "agent_protocol": door.describe()})
 
     async def metrics(request: Request) -> Response:  # off the event loop: a worker of several asks its siblings
         return Response(await run_in_threadpool(service.exposition), media_type=CONTENT_TYPE_LATEST)

@@ -206,12 +206,16 @@ class SearchService:
         failing = any(f["status"] == "failing" for f in fallbacks.values())
         live = engine.live.status() if engine.live is not None else None
         stuck = live is not None and (live.get("refresh_error") is not None or live.get("reachable") is False)
+        shards = engine.shards.status() if engine.shards is not None else None
+        missing = [s["shard"] for s in shards or () if s.get("reachable") is False]
         return {
-            "status": "degraded" if failing or stuck else "ok",
+            "status": "degraded" if failing or stuck or missing else "ok",
             **fallbacks,
             "index_loaded": True,
             "index_dir": str(self.settings.engine.index_dir),
-            "documents": len(engine.dense.units),  # the chunks this engine's view holds: no count over the store
+            # the chunks this engine's view holds: no count over the store
+            "documents": len(engine.dense.units) if shards is None else sum(s.get("chunks", 0) for s in shards),
+            **({"shards": shards, "missing_shards": missing} if shards is not None else {}),
             "writable": engine.live is not None,
             **({"live": live} if live is not None else {}),
             **({"follower": engine.follower.status()} if engine.follower is not None else {}),

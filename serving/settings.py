@@ -145,7 +145,17 @@ class ScaleOutSettings(BaseModel):
         (1, 1), description="search replicas (the doors and retrieval): N, or MIN-MAX to autoscale between"
     )
     ray_reranker_replicas: tuple[int, int] = Field((1, 1), description="reranker replicas: N, or MIN-MAX")
-    ray_replica_cpus: float = Field(1.0, gt=0, description="CPUs (threads) a search or reranker replica reserves")
+    ray_replica_cpus: float = Field(
+        1.0, gt=0, description="CPUs (threads) a search, shard or reranker replica reserves"
+    )
+    ray_shard_replicas: int = Field(
+        2, ge=1, description="a sharded index: replicas of each shard (2 or more: a replica lost fails no search)"
+    )
+    ray_shard_failure: Literal["partial", "fail"] = Field(
+        "fail",
+        description="a sharded index, when every replica of a shard is down: fail = answer 503 (Retry-After);"
+        " partial = answer from the other shards, the reply's missing_shards naming those left out",
+    )
     ray_batch_size: int = Field(8, ge=1, description="queries the reranker deployment scores in one batch")
     ray_batch_wait_ms: float | None = Field(
         None, ge=0, description="ms a reranker batch waits to fill (default: 3 on a GPU, 0 on a CPU)"

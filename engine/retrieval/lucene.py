@@ -82,6 +82,8 @@ class _Java:
             "org.apache.lucene.search.BooleanQuery$Builder",
             "org.apache.lucene.search.BooleanClause$Occur",
             "org.apache.lucene.search.TermInSetQuery",
+            "org.apache.lucene.search.TermQuery",
+            "org.apache.lucene.search.BoostQuery",
             "org.apache.lucene.search.TermRangeQuery",
             "org.apache.lucene.search.Sort",
             "org.apache.lucene.search.SortField",
@@ -168,7 +170,8 @@ class LuceneIndex:
         self.path = Path(path)
         self.fields = frozenset(fields)
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
-        self._similarity = j.BM25Similarity(float(k1), float(b))
+        self.k1, self.b = float(k1), float(b)
+        self._similarity = j.BM25Similarity(self.k1, self.b)
         self._writer = None
         try:
             if writable:
@@ -231,24 +234,89 @@ class LuceneIndex:
         """Top ``k`` (unit id, BM25 score), best first, ties by id; ``allowed`` (unit ids): only
         those. A few ids filter inside Lucene (a term each); many are read off the unfiltered
         ranking, further down until ``k`` of them are found (:meth:`_ranked_within`)."""
+        return self._search_bag(self._bag(query), k, allowed)
+
+    def _search_bag(self, bag, k: int, allowed: Collection[str] | None) -> list[tuple[str, float]]:
         if allowed is not None and not allowed:
             return []
-        j = self.j
-        bag = j.generator.buildQuery("contents", j.analyzer, query)
         if allowed is not None and len(allowed) > self.filter_terms:
             return self._ranked_within(bag, k, allowed)
         return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k)
 
-    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+    def retrieve(
+        self, query: Query, k: int, within: Within, weighted: Sequence[tuple[str, float]] | None = None
+    ) -> Ranking:
         """:class:`~engine.retrieval.protocol.Retriever`: by the query's text, within the filter
         through this index's own fields when they hold it, only live chunks (Lucene's view lags the
-        store's when its refresh failed)."""
+        store's when its refresh failed). ``weighted``: the query's terms with the weights a shard
+        scores them by, in place of its text (:class:`engine.shards.bm25.ShardedBM25`)."""
+        bag = self._bag(query.text, weighted)
         if within.filters is not None and (clauses := self._clauses(within.filters)) is not None:
-            j = self.j
-            hits = self._top(self._restricted(j.generator.buildQuery("contents", j.analyzer, query.text), clauses), k)
+            hits = self._top(self._restricted(bag, clauses), k)
         else:
-            hits = self.search(query.text, k, within.allowed)
+            hits = self._search_bag(bag, k, within.allowed)
         return live_only(hits, within.live)
+
+    def _bag(self, text: str, weighted: Sequence[tuple[str, float]] | None = None):
+        """The bag-of-words query of ``text``, or of ``weighted`` terms (a term's boost its weight)."""
+        j = self.j
+        if weighted is None:
+            return j.generator.buildQuery("contents", j.analyzer, text)
+        with _calls:
+            builder = j.BooleanQuery_Builder()
+            for term, weight in weighted:
+                clause = j.BoostQuery(j.TermQuery(j.Term("contents", term)), float(weight))
+                builder.add(clause, j.BooleanClause_Occur.SHOULD)
+            return builder.build()
+
+    # the statistics a shard's BM25 is scored with as one index's (engine/shards/bm25.py)
+    def query_terms(self, text: str) -> list[tuple[str, float]]:
+        """``text``'s terms as the query generator weighs them (a repeated word, once, boosted)."""
+        from jnius import cast
+
+        j = self.j
+        query = j.generator.buildQuery("contents", j.analyzer, text)
+        with _calls:
+            if not query.getClass().getName().endswith("BooleanQuery"):
+                clauses = [query]
+            else:
+                bag = cast("org.apache.lucene.search.BooleanQuery", query)
+                clauses = [
+                    cast("org.apache.lucene.search.BooleanClause", c).getQuery() for c in bag.clauses().toArray()
+                ]
+            found = []
+            for clause in clauses:
+                boost = 1.0
+                if clause.getClass().getName().endswith("BoostQuery"):
+                    boosted = cast("org.apache.lucene.search.BoostQuery", clause)
+                    clause, boost = boosted.getQuery(), boosted.getBoost()
+                found.append((cast("org.apache.lucene.search.TermQuery", clause).getTerm().text(), float(boost)))
+            return found
+
+    def frequencies(self, terms: Sequence[str]) -> list[int]:
+        """How many chunks hold each of ``terms``."""
+        j = self.j
+        with self._pinned() as view, _calls:
+            return [int(view.reader.docFreq(j.Term("contents", term))) for term in terms]
+
+    def collection(self) -> tuple[int, int]:
+        """The chunks holding text, and their length in terms all together (BM25's average length)."""
+        with self._pinned() as view, _calls:
+            stats = view.searcher.collectionStatistics("contents")
+            return (0, 0) if stats is None else (int(stats.docCount()), int(stats.sumTotalTermFreq()))
+
+    def match_lengths(self, average: float) -> None:
+        """Normalise lengths by ``average`` (a whole corpus's) rather than this index's own: BM25 with
+        ``k1' = k1 (1 - b + b r)`` and ``b' = b r / (1 - b + b r)``, ``r`` this index's average over
+        ``average``, equals BM25(k1, b) at that average for every length."""
+        docs, length = self.collection()
+        r = length / docs / average if docs and average else 1.0
+        k1, b = self.k1, self.b
+        scale = 1 - b + b * r
+        self._similarity = self.j.BM25Similarity(float(k1 * scale), float(b * r / scale))
+        view = self._view
+        with _calls:
+            view.searcher.setSimilarity(self._similarity)
 
     def _clauses(self, filters: Filters) -> list | None:
         """``filters`` as Lucene queries on the chunks' own terms, or None where one condition is on

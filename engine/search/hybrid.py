@@ -31,8 +31,10 @@ from engine.retrieval.memory import JudgmentMemory
 from engine.retrieval.protocol import Ranking, Retriever
 from engine.search import stages
 from engine.search.allowed import AllowedSets
-from engine.search.results import AS_LOADED, Hit, SearchOptions, StageResult, make_hits
+from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult, make_hits
 from engine.settings import EngineSettings
+from engine.shards.fanout import Shards
+from engine.shards.opened import open_sharded, sharded_view
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
     ADAPT_DIR,
@@ -69,10 +71,15 @@ class HybridEngine:
         reranker: Scorer | None = None,
         follow: Writer | None = None,
         query_encoder: QueryEncoder | None = None,
+        encoder=None,
+        shards: Shards | None = None,
     ) -> None:
         """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
         ``query_encoder``: one served elsewhere (the process owning the GPU); by default the index's
         encoder on ``retrieval_device``.
+        ``encoder``: the index's bi-encoder, already loaded (a sharded index's shards share the top's).
+        ``shards``: a sharded index's shards, served elsewhere (Ray deployments); by default opened here.
+        Such an engine takes its writes through ``follow`` (the shards' writers), as the shards show them.
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
         from engine.live.follower import Follower
@@ -83,17 +90,17 @@ class HybridEngine:
         self.settings = settings
         index_dir = Path(settings.index_dir)
         self.manifest: Manifest = read_manifest(index_dir)
+        if self.manifest.shards and (writable or (follow is not None and shards is None)):
+            raise IndexDirError(
+                f"{index_dir}: an index in {self.manifest.shards} shards is read in one process, not written; its"
+                " writes go through `serve --ray`, to each document's shard"
+            )
         writer_lock = claim_writer(index_dir) if writable else None
         self.device = pick_device(settings.device)
-        store = DocStore(index_dir / DOCS_FILE)
-        self.allowed = AllowedSets(store)  # a filter's chunks, kept per store version
-        bm25 = LuceneIndex(
-            index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable, fields=self.manifest.bm25_fields
-        )
         self.retrieval_device = retrieval_device = (
             self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
         )
-        encoder = load_encoder(self.manifest.encoder, retrieval_device)
+        encoder = encoder or load_encoder(self.manifest.encoder, retrieval_device)
         query_encoder = query_encoder or load_query_encoder(
             encoder,
             self.manifest.encoder,
@@ -101,9 +108,25 @@ class HybridEngine:
             settings.query_encoder_runtime,
             settings.query_encoder_quantize,
         )
-        checkpoint = latest_dense(index_dir)
-        dense = DenseRetriever(checkpoint, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device)
-        self.view: IndexView = IndexView(index_dir, self.manifest, store, bm25, dense, settings.encode_batch_size)
+        if self.manifest.shards:
+            self.view: IndexView = (
+                open_sharded(index_dir, self.manifest, settings, encoder, query_encoder)
+                if shards is None
+                else sharded_view(index_dir, self.manifest, shards, encoder, query_encoder, "remote shards")
+            )
+            self.allowed = self.view.dense.allowed  # each shard filters its own chunks
+            self.shards: Shards | None = self.view.dense.shards
+        else:
+            store = DocStore(index_dir / DOCS_FILE)
+            bm25 = LuceneIndex(
+                index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable, fields=self.manifest.bm25_fields
+            )
+            checkpoint = latest_dense(index_dir)
+            dense = DenseRetriever(checkpoint, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device)
+            self.view = IndexView(index_dir, self.manifest, store, bm25, dense, settings.encode_batch_size)
+            self.allowed = AllowedSets(store)  # a filter's chunks, kept per store version
+            self.shards = None
+        dense = self.view.dense
         if writable and not dense.accepts_deletes:
             raise IndexDirError(
                 f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
@@ -115,9 +138,11 @@ class HybridEngine:
             self.live = LiveIndex(
                 self.view, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes, settings.followed
             )
+        elif follow is not None and self.manifest.shards:  # each shard follows its own writer
+            self.live = follow
         elif follow is not None:
             self.live, self.follower = follow, Follower(self.view)
-        else:
+        elif not self.manifest.shards:  # a shard's are checked as it opens
             self.view.check_settled(checkpoint.seq)
             self.view.bind_units()
         self.memory = self._load_memory(index_dir)
@@ -354,9 +379,9 @@ class HybridEngine:
         similarity_threshold: float | None = None,
         options: SearchOptions = AS_LOADED,
         door: str = "engine",
-    ) -> list[Hit]:
+    ) -> Hits:
         """``top_k`` unique chunks, best first; fewer only if fewer match the filters or reach the
-        threshold (on :meth:`similarity`).
+        threshold (on :meth:`similarity`), or a sharded index's shard did not answer (``missing_shards``).
 
         The one way a query is answered: every door, agent and the solver search here (``door``
         names who asked), so each search gets one ``search`` span with its stage spans, and its
@@ -387,7 +412,7 @@ class HybridEngine:
         fused = dict(result.fused)
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 
-    def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> list[Hit]:
+    def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> Hits:
         """The answer: ``result``'s top ``top_k`` (at most the ``top_k`` it was run for), built only from
         what :meth:`stages` read under the view lock (a write since cannot take a row from it)."""
         ranking = result.final[:top_k]

@@ -70,6 +70,7 @@ class StageResult:
     chunks: dict[str, Chunk] = field(default_factory=dict)
     fusion: LearnedFusion | None = None
     cosines: dict[str, float] = field(default_factory=dict)
+    missing_shards: list[int] = field(default_factory=list)  # a sharded index's shards that did not answer
 
     @property
     def retrieved(self) -> dict[str, Ranking]:
@@ -82,13 +83,22 @@ class StageResult:
         return self.reranked if self.reranked is not None else self.fused
 
 
+class Hits(list[Hit]):
+    """A search's answer, best first; ``missing_shards``: the shards of a sharded index that did not
+    answer, so the hits lack their documents (empty: a whole answer)."""
+
+    def __init__(self, hits: list[Hit], missing_shards: list[int]) -> None:
+        super().__init__(hits)
+        self.missing_shards = missing_shards
+
+
 def make_hits(
     result: StageResult,
     top_k: int,
     chunks: dict[str, Chunk],
     similarities: list[float],
     similarity_threshold: float | None = None,
-) -> list[Hit]:
+) -> Hits:
     """The first ``top_k`` of ``result.final`` as hits, each with its chunk, its ``similarities``
     entry and every stage's rank; those under ``similarity_threshold`` are left out."""
     bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
@@ -122,4 +132,4 @@ def make_hits(
                 rerank_score=result.rerank_scores.get(doc_id),
             )
         )
-    return hits
+    return Hits(hits, result.missing_shards)

@@ -25,6 +25,7 @@ from engine.retrieval.lucene import IndexClosedError
 from engine.retrieval.protocol import Query, Ranking, Within
 from engine.search.results import AS_LOADED, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
+from engine.shards.fanout import missing_shards, track_missing
 from engine.store.docstore import Chunk
 
 if TYPE_CHECKING:
@@ -62,7 +63,25 @@ def run_stages(
     filters: Filters | None = None,
     options: SearchOptions = AS_LOADED,
 ) -> StageResult:
-    """Every stage for one query (:meth:`HybridEngine.stages` says what each argument means)."""
+    """Every stage for one query (:meth:`HybridEngine.stages` says what each argument means), with
+    the shards a sharded index's search went without (:mod:`engine.shards.fanout`)."""
+    token = track_missing()
+    try:
+        result = _run_stages(engine, query, top_k, exclude, filters, options)
+    finally:
+        missing = missing_shards(token)
+    result.missing_shards = missing
+    return result
+
+
+def _run_stages(
+    engine: HybridEngine,
+    query: str,
+    top_k: int,
+    exclude: str | None,
+    filters: Filters | None,
+    options: SearchOptions,
+) -> StageResult:
     s = engine.settings
     reranker, rerank_depth = engine.rerank_plan(options)
     fusion = options.fusion or engine.fusion

@@ -9,10 +9,16 @@ once documents were written to it live, ``wal.log`` (the write-ahead log) with
 ``dense-<seq>.faiss`` and ``delta-<base>-<seq>.npz`` checkpoints. The manifest is
 written last, inside a temporary folder that is renamed into place, so a directory with a manifest
 is complete.
+
+A sharded index (``build --shards N``, the manifest's ``shards``) holds no BM25, dense or store of
+its own: each document lives in ``shards/<i>/``, a whole index directory of the documents whose id
+hashes to ``i`` (:func:`shard_of`), with rows numbered across the corpus, so the shards' rows are one
+index's. The memory, the fusion and the reranker stay at the top, trained on the merged candidates.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -29,6 +35,7 @@ MEMORY_DIR = "memory"
 FUSION_DIR = "fusion"
 ADAPT_DIR = "adapt"  # what `build --adapt` learned from the documents (engine/fusion/graph.py)
 TOKENS_DIR = "tokens"
+SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside the index they measured
 WAL_FILE = "wal.log"
 PUBLISHED_FILE = "published"  # the last logged write the writer has made visible to other processes
@@ -66,6 +73,7 @@ class Manifest:
     passage_tokens: dict = field(default_factory=dict)  # the recipe of the store's token ids (engine/store/tokens.py)
     settings: dict = field(default_factory=dict)
     bm25_fields: list[str] = field(default_factory=list)  # filter fields every chunk carries in Lucene
+    shards: int = 0  # 0: the index itself; N: its documents in N shard index directories (shard_dir)
     name: str = ""  # what agents are shown (MCP, the A2A card); "" in an index built before they were kept
     description: str = ""
 
@@ -94,12 +102,27 @@ def read_manifest(index_dir: Path) -> Manifest:
             f"{path}: format {manifest.format_version}, this version reads {READABLE[0]} to {READABLE[-1]}; rebuild"
             " it with `hybrid-search build` (format 2 keeps documents in SQLite and dense ids by row)"
         )
+    if manifest.shards:
+        for i in range(manifest.shards):
+            read_manifest(shard_dir(index_dir, i))
+        return manifest
     for part in (BM25_DIR, DOCS_FILE):
         if not (Path(index_dir) / part).exists():
             raise IndexDirError(f"{index_dir}: {part} is missing; rebuild the index")
     if not latest_dense(index_dir).base.exists():
         raise IndexDirError(f"{index_dir}: {DENSE_FILE} is missing; rebuild the index")
     return manifest
+
+
+def shard_dir(index_dir: Path, shard: int) -> Path:
+    """Shard ``shard``'s index directory inside a sharded index."""
+    return Path(index_dir) / SHARDS_DIR / str(shard)
+
+
+def shard_of(document_id: str, shards: int) -> int:
+    """The shard holding ``document_id``: its BLAKE2b hash (8 bytes, big-endian) modulo the shard count,
+    the same in every process and release (Python's own ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(document_id.encode(), digest_size=8).digest(), "big") % shards
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""BM25 over shards, each scored with the whole corpus's statistics: Elasticsearch's
+``dfs_query_then_fetch`` through Lucene's public API.
+
+A shard's BM25 differs from the whole index's only through its statistics: each term's idf
+(chunks holding it over all chunks) and the average length in the length normalisation. Each shard
+is searched with a similarity whose normalisation is the whole's (:meth:`LuceneIndex.match_lengths`),
+and each query term weighted ``boost * idf_whole / idf_shard``, from the shards' counts summed for
+the query (one round of calls before the search). Scores then equal one index's to float rounding
+(measured: docs/ray.md), and the merge orders them as one index does (:func:`by_score_then_id`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.documents import Filters
+from engine.retrieval.protocol import Query, Ranking, Within
+from engine.shards.fanout import Shards
+from engine.shards.merge import by_score_then_id
+from engine.shards.shard import ShardStatistics
+
+
+def idf(frequency: int, count: int) -> float:
+    """Lucene's BM25 idf."""
+    return math.log(1 + (count - frequency + 0.5) / (frequency + 0.5))
+
+
+def weights(found: list[ShardStatistics | None]) -> tuple[list[list[tuple[str, float]] | None], float]:
+    """Each shard's query terms weighted as the whole corpus weighs them (a term the shard holds
+    nowhere: left out), and the corpus's average length; from every answering shard's statistics."""
+    answered = [s for s in found if s is not None]
+    documents = sum(s.documents for s in answered)
+    average = sum(s.length for s in answered) / max(documents, 1)
+    whole = [sum(column) for column in zip(*(s.frequencies for s in answered), strict=True)]
+    weighted = [
+        None
+        if s is None
+        else [
+            (term, boost * idf(total, documents) / idf(own, s.documents))
+            for (term, boost), own, total in zip(s.terms, s.frequencies, whole, strict=True)
+            if own
+        ]
+        for s in found
+    ]
+    return weighted, average
+
+
+class ShardedBM25:
+    """:class:`~engine.retrieval.protocol.Retriever` over every shard's BM25, as one index."""
+
+    def __init__(self, shards: Shards) -> None:
+        self.shards = shards
+
+    def ranked(self, query: Query, k: int, filters: Filters | None) -> Ranking:
+        weighted, average = weights(self.shards.ask("statistics", query.text))
+        asked = [None if not w else (query, k, filters, w, average) for w in weighted]
+        found = self.shards.ask_each("bm25", asked)
+        return by_score_then_id([hit for hits in found if hits for hit in hits])[:k]
+
+    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+        return self.ranked(query, k, within.filters)
+
+    def search(self, query: str, k: int) -> Ranking:
+        """Top ``k`` (unit id, score) for a text, unfiltered (warm-ups, tools)."""
+        return self.ranked(Query(query, None), k, None)
+
+    @property
+    def documents(self) -> int:
+        return sum(n or 0 for n in self.shards.ask("size"))
+
+    def close(self) -> None:
+        """The shards close with :class:`ShardedStore`."""
