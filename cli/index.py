@@ -271,18 +271,23 @@ def ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 def compact(settings: Settings, args: argparse.Namespace) -> int:
     """Apply and checkpoint every logged write, so the log is empty and readers can open the index;
-    the dense writes are merged into a new base."""
+    the dense writes are merged into a new base. A sharded index's shards, each."""
     from engine.search import HybridEngine
+    from engine.store.index_dir import read_manifest, shard_dir
 
-    engine = HybridEngine(settings.engine.model_copy(update={"rerank": False}), writable=True)
-    recovered = engine.live.recovery
-    if fields := engine.store.index_fields():
-        print(f"indexed the metadata of {fields:,} chunks for equality filters (a store written before they were)")
-    result = engine.live.checkpoint(merge=True)
-    engine.close()
-    print(
-        f"checkpointed {settings.engine.index_dir} at write {result['seq']}: replayed {recovered['records']}"
-        f" logged writes, emptied {result['log_bytes']:,} bytes of log"
-        f"{', merged the dense writes into a new base' if result['dense_merged'] else ''} in {result['seconds']:.2f} s"
-    )
+    top = Path(settings.engine.index_dir)
+    shards = read_manifest(top).shards
+    for folder in [shard_dir(top, i) for i in range(shards)] if shards else [top]:
+        engine = HybridEngine(settings.engine.model_copy(update={"rerank": False, "index_dir": folder}), writable=True)
+        recovered = engine.live.recovery
+        if fields := engine.store.index_fields():
+            print(f"indexed the metadata of {fields:,} chunks for equality filters (a store written before they were)")
+        result = engine.live.checkpoint(merge=True)
+        engine.close()
+        print(
+            f"checkpointed {folder} at write {result['seq']}: replayed {recovered['records']}"
+            f" logged writes, emptied {result['log_bytes']:,} bytes of log"
+            f"{', merged the dense writes into a new base' if result['dense_merged'] else ''}"
+            f" in {result['seconds']:.2f} s"
+        )
     return 0

@@ -4,7 +4,7 @@ index is, then the judgment memory and the learned fusion trained once over the 
 The corpus is encoded first, by parts and in the batches one index's build encodes them (here, or
 across a Ray cluster with ``--ray``), so every shard's vectors are bit for bit those one index would
 hold. A shard is then a whole index directory (``shards/<i>/``, :mod:`engine.store.index_dir`) made
-by :func:`~index_build.builder.build_index` from its documents and those vectors: its BM25, store
+by :func:`~index_build.one_index.build_one_index` from its documents and those vectors: its BM25, store
 and dense index, resumed by parts as an index is. Its chunks keep their row in the whole corpus, so
 merged, the shards' rows are one index's, and so is the order of equal dense scores (by row). A
 finished shard is kept in the build folder, so a stopped build resumes with the shards it lacks.
@@ -39,8 +39,19 @@ from engine.store.index_dir import (
 )
 from engine.store.tokens import TextTokenizer
 from index_build.corpus import Corpus
+from index_build.one_index import build_one_index
 from index_build.parts import VECTORS_FILE, BuildFolder, plan_parts
 from index_build.settings import BuildSettings
+from index_build.steps import (
+    build_memory,
+    keep_reranker,
+    record_ids,
+    release_corpus,
+    swap_in,
+    vectors_key,
+    versions,
+    write_vectors,
+)
 from index_build.vectors import GivenVectors
 from offline.progress import track
 
@@ -101,16 +112,6 @@ def build_sharded(
 ) -> Manifest:
     """The sharded index of ``corpus`` at ``settings.index_dir`` (the arguments as
     :func:`~index_build.builder.build_index` takes them), swapped in whole at the end."""
-    from index_build.builder import (
-        _build_memory,
-        _keep_reranker,
-        _record_ids,
-        _release,
-        _swap_in,
-        _vectors_key,
-        _versions,
-        write_vectors,
-    )
     from index_build.corpus import open_corpus
     from index_build.train_fusion import train_fusion, training_split
 
@@ -136,7 +137,7 @@ def build_sharded(
         "part_chunks": build.part_chunks,
         "shards": build.shards,
         "chunking": [build.chunk_words, build.chunk_overlap_words],
-        "vectors": _vectors_key(build.vectors),
+        "vectors": vectors_key(build.vectors),
         "format": FORMAT_VERSION,
     }
     with BuildFolder.open(target, key) as work:
@@ -144,7 +145,7 @@ def build_sharded(
         tmp.mkdir(exist_ok=True)
         given = None
         if build.vectors is not None:
-            given = GivenVectors(build.vectors, _record_ids(corpus), encoder.get_embedding_dimension(), work.path)
+            given = GivenVectors(build.vectors, record_ids(corpus), encoder.get_embedding_dimension(), work.path)
         # encoded once, in the batches one index's build encodes: every shard's vectors are its rows'
         write_vectors(work, parts, corpus.documents, encoder, build.encoder, settings, given, ray, progress)
         encoded = work.path / VECTORS_FILE
@@ -168,10 +169,10 @@ def build_sharded(
         first = read_manifest(shard_dir(tmp, 0))
         documents, dataset = len(corpus.documents), corpus.dataset
         if release:
-            _release(corpus)
+            release_corpus(corpus)
         memory = {}
         if dataset is not None:
-            memory = _build_memory(
+            memory = build_memory(
                 tmp / MEMORY_DIR, dataset, build.memory_split, settings, encoder, TextTokenizer(encoder.tokenizer)
             )
         shown = default_presentation(corpus.root.name)
@@ -188,7 +189,7 @@ def build_sharded(
             bm25_fields=first.bm25_fields,
             memory=memory,
             passage_tokens=first.passage_tokens,
-            versions=_versions(),
+            versions=versions(),
             build_seconds=round(time.perf_counter() - started, 2),
             built_at=datetime.now(UTC).isoformat(timespec="seconds"),
             shards=build.shards,
@@ -201,13 +202,13 @@ def build_sharded(
                 **({"shard_builds": reports} if reports else {}),
             },
         )
-        _keep_reranker(target, tmp, manifest.fingerprint)
+        keep_reranker(target, tmp, manifest.fingerprint)
         manifest.write(tmp)
         if dataset is not None and training_split(manifest, dataset) is not None and settings.fusion != "rrf":
             train_fusion(settings.model_copy(update={"index_dir": tmp}), dataset, progress=progress)
         elif dataset is None and build.adapt != "none":
             log.info("a sharded index is not adapted (--adapt): it serves RRF until judgments train a fusion")
-        _swap_in(tmp, target)
+        swap_in(tmp, target)
         work.finish()
     log.info(
         "built %s: %d documents in %d shards, %.1f s", target, documents, build.shards, time.perf_counter() - started
@@ -233,10 +234,8 @@ def build_shard(
 ) -> dict:
     """One shard's index (what a Ray task runs), and what it cost: seconds and the peak memory of the
     process that built it."""
-    from index_build.builder import build_index
-
     started = time.perf_counter()
-    build_index(settings, build, corpus, progress=progress, rows=rows, encoded=encoded)
+    build_one_index(settings, build, corpus, progress=progress, rows=rows, encoded=encoded)
     return {
         "shard": Path(settings.index_dir).name,
         "chunks": len(rows),

@@ -57,10 +57,12 @@ def start_server(
     preexec_fn: Callable[[], None] | None = None,
     checkout: Path = ROOT,
     cli: list[str] = CLI,
+    timeout_s: float = 180,
 ) -> subprocess.Popen:
-    """Start the CLI with ``args`` (output to ``log``) and return once ``health_url`` answers 200;
-    ``preexec_fn`` runs in the child before it starts (resource limits, signal dispositions).
-    ``checkout`` and ``cli``: another checkout's code and entry point (a baseline commit's)."""
+    """Start the CLI with ``args`` (output to ``log``) and return once ``health_url`` answers 200
+    (within ``timeout_s``); ``preexec_fn`` runs in the child before it starts (resource limits,
+    signal dispositions). ``checkout`` and ``cli``: another checkout's code and entry point (a
+    baseline commit's)."""
     # the checkout first, then what the caller's path held (the GPU kit's installed wheels)
     path = os.pathsep.join([str(checkout), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
@@ -68,7 +70,7 @@ def start_server(
         proc = subprocess.Popen(
             cli + args, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn
         )
-    deadline = time.time() + 180
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
             raise ServerExited(f"server exited early:\n{log.read_text()[-3000:]}", proc.returncode)
@@ -76,7 +78,8 @@ def start_server(
             if httpx.get(health_url, timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"server did not come up:\n{log.read_text()[-3000:]}")
 

@@ -18,7 +18,7 @@ Over a sharded index (``build --shards N``) the search replicas hold no BM25, de
 store: each shard is a deployment of its own (``ShardReplica``, ``--shard-replicas`` of them, which
 Serve spreads over the nodes), with its own writer, and a search replica asks every shard and
 merges (:mod:`engine.shards`), running the memory, the fusion and the reranker once on the merged
-candidates. A write goes to the writer of its document's shard (:class:`serving.remotes.ShardedWriter`).
+candidates. A write goes to the writer of its document's shard (:class:`engine.shards.writes.ShardedWriter`).
 
 Index directories are read from the same path on every node (a shared disk). Ray is an optional
 extra (``pip install 'hybrid-search[ray]'``): nothing else imports this module.
@@ -36,17 +36,17 @@ import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from engine.documents import DocumentIn
-from engine.rerank.batching import score_together
+from engine.rerank.batching import score_rows
 from engine.rerank.loading import open_reranker
 from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
+from engine.search.shard import LocalShard
 from engine.shards.opened import SHARD_ONLY, shard_settings
-from engine.shards.shard import LocalShard
+from engine.shards.writes import ShardedWriter
 from engine.store.index_dir import read_manifest, shard_dir
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
-from serving.remotes import RemoteShards, RemoteWriter, ShardedWriter
+from serving.remotes import DESCRIBED, RemoteReranker, RemoteShards, RemoteWriter, writer_calls
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.signals import sleep_until
@@ -59,26 +59,33 @@ A2A_PREFIX = "/a2a"
 
 @serve.deployment(name="reranker")
 class RerankerReplica:
-    """The index's reranker as a deployment; concurrent queries share one forward pass."""
+    """The index's reranker as a deployment: the search replicas make the pairs (their score caches
+    beside them) and send their token rows (:class:`serving.remotes.RemoteReranker`); concurrent
+    queries' rows share one forward pass."""
 
     def __init__(self, settings: Settings, device: str) -> None:
-        self.reranker = open_reranker(settings.engine, device)
+        self.reranker = open_reranker(settings.engine, device, cache=False)  # the callers keep the score cache
         if self.reranker is None:
             raise RuntimeError(f"no reranker could be loaded from {settings.engine.reranker_path}")
         wait_ms = settings.scale_out.ray_batch_wait_ms
         if wait_ms is None:  # waiting pays only where a bigger batch costs little more (a GPU)
             wait_ms = settings.engine.rerank_batch_wait_ms if device == "cuda" else 0.0
-        self.score.set_max_batch_size(settings.scale_out.ray_batch_size)
-        self.score.set_batch_wait_timeout_s(wait_ms / 1000)
+        self._batched.set_max_batch_size(settings.scale_out.ray_batch_size)
+        self._batched.set_batch_wait_timeout_s(wait_ms / 1000)
 
     def describe(self) -> dict:
-        r = self.reranker
-        return {k: getattr(r, k) for k in ("name", "device", "runtime", "max_length", "memory_context")}
+        return {key: getattr(self.reranker, key, None) for key in DESCRIBED}
+
+    def status(self) -> dict:
+        return {"deployment": "reranker", "device": self.reranker.device}
+
+    async def score(self, rows: list, lengths: list[int]) -> list[float]:
+        return await self._batched((rows, lengths))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def score(self, requests: list[tuple[str, list[str]]]) -> list[list[float]]:
-        """One call per query, ``(query, passages)``; Serve hands them over in batches."""
-        return await asyncio.to_thread(score_together, self.reranker, requests)
+    async def _batched(self, calls: list[tuple[list, list[int]]]) -> list[list[float]]:
+        """One call per query, its (rows, lengths); Serve hands them over in batches."""
+        return await asyncio.to_thread(score_rows, self.reranker, calls)
 
 
 @serve.deployment(name="writer", num_replicas=1)
@@ -91,17 +98,19 @@ class WriterReplica:
             settings.engine.model_copy(update={"rerank": False, "followed": True}), writable=True
         )
 
+        self.calls = writer_calls(self.engine.live)
+
     def upsert(self, document: dict, wait: bool) -> dict:
-        return self.engine.live.upsert(DocumentIn.model_validate(document), wait)
+        return self.calls["upsert"](document, wait)
 
     def delete(self, document_id: str, wait: bool) -> dict:
-        return self.engine.live.delete(document_id, wait)
+        return self.calls["delete"](document_id, wait)
 
     def document(self, document_id: str) -> dict | None:
-        return self.engine.live.document(document_id)
+        return self.calls["document"](document_id)
 
     def status(self) -> dict:
-        return self.engine.live.status()
+        return self.calls["status"]()
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
@@ -109,24 +118,10 @@ class WriterReplica:
             engine.close()  # a checkpoint: the next writer replays nothing
 
 
-class RemoteReranker:
-    """The engine's reranker when it is a deployment: the same ``score``, one batched call away."""
-
-    def __init__(self, handle: DeploymentHandle, info: dict, timeout_s: float) -> None:
-        self.handle, self.timeout_s = handle, timeout_s
-        self.name, self.device, self.runtime = info["name"], info["device"], info["runtime"]
-        self.max_length, self.memory_context = info["max_length"], info["memory_context"]
-
-    def score(self, query: str, passages: list[str]) -> list[float]:
-        if not passages:
-            return []
-        return self.handle.score.remote((query, passages)).result(timeout_s=self.timeout_s)
-
-
 @serve.deployment(name="shard")
 class ShardReplica:
     """One shard of a sharded index: its BM25, dense index and store, answering the coordinators'
-    calls (:class:`engine.shards.shard.LocalShard`), following its shard's writer when there is one."""
+    calls (:class:`engine.search.shard.LocalShard`), following its shard's writer when there is one."""
 
     def __init__(self, settings: Settings, shard: int, writer: DeploymentHandle | None) -> None:
         engine_settings = shard_settings(settings.engine, settings.engine.index_dir, shard)
@@ -199,7 +194,9 @@ class SearchReplica:
         timeout = settings.serving.query_timeout_s
         remote = None
         if reranker is not None:
-            remote = RemoteReranker(reranker, reranker.describe.remote().result(timeout_s=timeout), timeout)
+            deployment = RayTransport(reranker, "the reranker deployment")
+            described = deployment.call("describe", timeout_s=timeout)
+            remote = RemoteReranker(deployment, described, settings.engine, timeout)
         follow = RemoteWriter(RayTransport(writer, "writer"), timeout) if writer is not None else None
         sharded = None
         if shards:
@@ -250,6 +247,17 @@ def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
         )
     writer = WriterReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings) if writable else None
     return SearchReplica.options(**options).bind(search_settings, reranker, writer)
+
+
+def build_app(args: dict[str, str]):
+    """The application for a cluster that runs already: ``serve run serving.ray_app:build_app
+    index_dir=...`` or a KubeRay RayService (``import_path`` in its ``serveConfigV2``, with these
+    ``args``; docs/kuberay-rayservice.yaml). ``args``: settings by their flat names, over the
+    environment's (``HYBRID_SEARCH_*``); with ``device: cuda`` each reranker replica takes a GPU."""
+    settings = Settings().with_values(**args)
+    read_manifest(settings.engine.index_dir)  # a missing index fails here, not in every replica
+    gpus = 1.0 if settings.engine.device == "cuda" else 0.0
+    return application(settings, gpus, writable=not settings.serving.read_only)
 
 
 def _shards(settings: Settings, shards: int, writable: bool) -> tuple[list, list]:

@@ -1,5 +1,9 @@
 """What an engine calls in other processes, written once over :mod:`serving.transport`: the
-index's writer, and a sharded index's shards and their writers.
+index's writer (a sharded index's: one a shard, :class:`engine.shards.writes.ShardedWriter`), the
+reranker and the query encoder, and a sharded index's shards. The same classes serve ``serve
+--workers N`` (the workers' channel) and ``serve --ray`` (deployment handles), so both send the
+same things: a write as its JSON, a reranker the token rows of its pairs (made here, where the
+score cache is).
 
 A write the writer cannot take (restarting, stuck) is refused with :class:`Overloaded` (503 +
 Retry-After) while searches go on. A shard that does not answer is asked once more (the replica
@@ -10,18 +14,34 @@ an answer that says which shards it lacks (:mod:`engine.shards.fanout`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from engine.documents import DocumentIn
+from engine.rerank.cross_encoder import PairPreparer
+from engine.rerank.pair_cache import PairCache
+from engine.rerank.pair_tokens import PairRow
+from engine.retrieval.encoder import resolve_model
+from engine.settings import EngineSettings
 from engine.shards.fanout import Shards
-from engine.store.index_dir import shard_of
 from serving.admission import Overloaded
 from serving.transport import Transport, Unreachable
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # what a refused write says: about a writer's restart on a small machine
 STATUS_TIMEOUT_S = 2.0
+
+
+def writer_calls(live) -> dict[str, Callable[..., Any]]:
+    """What a writer answers :class:`RemoteWriter` with (``live``: its :class:`~engine.live.writer.LiveIndex`)."""
+    return {
+        "upsert": lambda document, wait: live.upsert(DocumentIn.model_validate(document), wait),
+        "delete": live.delete,
+        "document": live.document,
+        "status": live.status,
+    }
 
 
 class RemoteWriter:
@@ -63,36 +83,44 @@ class RemoteWriter:
         """The writer closes itself."""
 
 
-class ShardedWriter:
-    """A sharded index's writers as one ``live``: each document's write goes to the writer of the
-    shard its id hashes to (:func:`~engine.store.index_dir.shard_of`), acknowledged when durable there."""
+DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running")
 
-    def __init__(self, writers: Sequence[RemoteWriter]) -> None:
-        self.writers = list(writers)
 
-    def _of(self, document_id: str) -> RemoteWriter:
-        return self.writers[shard_of(document_id, len(self.writers))]
+class RemoteReranker(PairPreparer):
+    """A reranker in another process as an engine's: pairs made here (the tokenizer, the window, the
+    score cache), their rows scored there (``score(rows, lengths)``). ``described``: what it said of
+    itself (:data:`DESCRIBED`)."""
 
-    def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
-        return self._of(document.document_id).upsert(document, wait)
+    def __init__(self, transport: Transport, described: dict, settings: EngineSettings, timeout_s: float) -> None:
+        from transformers import AutoTokenizer
 
-    def delete(self, document_id: str, wait: bool = False) -> dict:
-        return self._of(document_id).delete(document_id, wait)
+        self.transport, self.timeout_s = transport, timeout_s
+        for key in DESCRIBED:
+            setattr(self, key, described.get(key))
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.name))
+        cache = PairCache(settings.rerank_cache_size, settings.rerank_cache_s) if settings.rerank_cache_size else None
+        super().__init__(tokenizer, self.max_length, cache)
 
-    def document(self, document_id: str) -> dict | None:
-        return self._of(document_id).document(document_id)
+    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+        """Scored there; a failure is the reranker's (the query is answered in the fused order)."""
+        return self.transport.call("score", rows, lengths, timeout_s=self.timeout_s)
 
     def status(self) -> dict:
-        writers = [writer.status() for writer in self.writers]
-        errors = [w.get("refresh_error") for w in writers if w.get("refresh_error")]
-        return {
-            "writers": writers,
-            "reachable": all(w["reachable"] for w in writers),
-            "refresh_error": errors[0] if errors else None,
-        }
+        """The reranker's own status, or ``reachable: false`` and why."""
+        try:
+            return {"reachable": True, **self.transport.call("status", timeout_s=STATUS_TIMEOUT_S)}
+        except Unreachable as exc:
+            return {"reachable": False, "error": str(exc)}
 
-    def close(self) -> None:
-        """Each writer closes itself."""
+
+class RemoteQueryEncoder:
+    """A :class:`~engine.retrieval.encoder.QueryEncoder` in another process (``encode(text)``)."""
+
+    def __init__(self, transport: Transport, runtime: str, timeout_s: float) -> None:
+        self.transport, self.runtime, self.timeout_s = transport, runtime, timeout_s
+
+    def __call__(self, text: str) -> np.ndarray:
+        return np.asarray(self.transport.call("encode", text, timeout_s=self.timeout_s), dtype=np.float32)
 
 
 class RemoteShards(Shards):

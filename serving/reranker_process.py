@@ -3,7 +3,7 @@
 With N workers each loading the cross-encoder, a GPU holds N copies of the model and N processes
 take turns on it, each with one query's pairs. Here one process owns the model: the supervisor
 (:mod:`serving.workers`) starts it before the workers and again whenever it dies. A worker makes
-its pairs itself, from the token ids the index keeps (:class:`SharedReranker`, the
+its pairs itself, from the token ids the index keeps (:class:`serving.remotes.RemoteReranker`, the
 :class:`~engine.rerank.cross_encoder.PairPreparer` half of a reranker, with the score cache), and
 sends their rows over the workers' local channel (:mod:`serving.worker_channel`, the address
 ``reranker``); the process gathers every worker's rows into batches by a token budget
@@ -11,7 +11,7 @@ sends their rows over the workers' local channel (:mod:`serving.worker_channel`,
 length-sorted passes, and answers each call with exactly its own scores.
 
 With ``--shared-query-encoder on`` the process also encodes every worker's queries with the index's
-encoder on its own device (:class:`SharedQueryEncoder`, gathered by
+encoder on its own device (:class:`serving.remotes.RemoteQueryEncoder`, gathered by
 :class:`~engine.retrieval.query_batcher.QueryBatcher`): the GPU then has one owner for both models,
 and each worker only searches the vectors. Off, each worker encodes its own on the CPU (ONNX).
 
@@ -30,21 +30,15 @@ import sys
 import threading
 from multiprocessing.connection import Connection, wait
 
-import numpy as np
-
-from engine.rerank.cross_encoder import PairPreparer, PreparedPairs
-from engine.rerank.pair_cache import PairCache
+from engine.rerank.cross_encoder import PreparedPairs
 from engine.rerank.pair_tokens import PairRow
-from engine.retrieval.encoder import resolve_model
-from engine.settings import EngineSettings
+from serving.remotes import DESCRIBED
 from serving.settings import Settings
 from serving.signals import sleep_until
-from serving.worker_channel import Channel, ChannelServer, WorkerUnreachable, call
+from serving.worker_channel import Channel, ChannelServer
 
 log = logging.getLogger(__name__)
 RERANKER = "reranker"  # its address on the channel, and its name among the supervisor's children
-STATUS_TIMEOUT_S = 2.0
-DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running")
 QUERY_BATCH = 64  # queries encoded in one pass at most
 
 
@@ -148,39 +142,3 @@ def _stop_with_supervisor(stop: threading.Event) -> None:
     wait([multiprocessing.parent_process().sentinel])
     log.warning("the supervisor is gone; stopping")
     stop.set()
-
-
-class SharedReranker(PairPreparer):
-    """The reranker process as a worker's engine sees it: pairs made here (the tokenizer, the
-    window, the score cache), scored there. ``described``: what the process said when ready."""
-
-    def __init__(self, channel: Channel, described: dict, settings: EngineSettings, timeout_s: float) -> None:
-        from transformers import AutoTokenizer
-
-        self.channel, self.timeout_s = channel, timeout_s
-        for key in DESCRIBED:
-            setattr(self, key, described[key])
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.name))
-        cache = PairCache(settings.rerank_cache_size, settings.rerank_cache_s) if settings.rerank_cache_size else None
-        super().__init__(tokenizer, self.max_length, cache)
-
-    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
-        return call(self.channel, RERANKER, "score", rows, lengths, timeout_s=self.timeout_s)
-
-    def status(self) -> dict:
-        """The process's own status, or ``reachable: false`` and why."""
-        try:
-            return {"reachable": True, **call(self.channel, RERANKER, "status", timeout_s=STATUS_TIMEOUT_S)}
-        except WorkerUnreachable as exc:
-            return {"reachable": False, "error": str(exc)}
-
-
-class SharedQueryEncoder:
-    """A worker's :class:`~engine.retrieval.encoder.QueryEncoder` when the reranker process encodes
-    every worker's queries (``--shared-query-encoder on``)."""
-
-    def __init__(self, channel: Channel, runtime: str, timeout_s: float) -> None:
-        self.channel, self.runtime, self.timeout_s = channel, runtime, timeout_s
-
-    def __call__(self, text: str) -> np.ndarray:
-        return np.asarray(call(self.channel, RERANKER, "encode", text, timeout_s=self.timeout_s), dtype=np.float32)

@@ -13,7 +13,7 @@ call without waiting, so that a query asks every shard at once and waits for the
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from serving.worker_channel import Channel, WorkerUnreachable, call
@@ -39,38 +39,32 @@ class Transport(Protocol):
     def call(self, method: str, *args: Any, timeout_s: float) -> Any: ...
 
 
-class _Started:
-    def __init__(self, future, name: str) -> None:
-        self.future, self.name = future, name
+class _Deferred:
+    """A channel call, made when its answer is asked for (in the caller's thread, within its limit)."""
+
+    def __init__(self, make: Callable[[float], Any]) -> None:
+        self.make = make
 
     def result(self, timeout_s: float) -> Any:
-        try:
-            return self.future.result(timeout=timeout_s)
-        except TimeoutError:
-            raise Unreachable(f"{self.name}: no answer within {timeout_s:g} s") from None
-        except WorkerUnreachable as exc:
-            raise Unreachable(str(exc)) from None
+        return self.make(timeout_s)
 
 
 class ChannelTransport:
-    """Worker ``index`` (or the reranker process) over the workers' local channel."""
+    """Worker ``index`` (or the reranker process) over the workers' local channel: each call one
+    connection, made in the caller's thread (:func:`serving.worker_channel.call`); a call begun is
+    made when its answer is asked for."""
 
-    _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="channel-call")
-
-    def __init__(self, channel: Channel, index: int | str, name: str, timeout_s: float) -> None:
-        self.channel, self.index, self.name, self.timeout_s = channel, index, name, timeout_s
+    def __init__(self, channel: Channel, index: int | str, name: str) -> None:
+        self.channel, self.index, self.name = channel, index, name
 
     def begin(self, method: str, *args: Any) -> Pending:
-        run = call
-        return _Started(
-            self._pool.submit(run, self.channel, self.index, method, *args, timeout_s=self.timeout_s), self.name
-        )
+        return _Deferred(lambda timeout_s: self.call(method, *args, timeout_s=timeout_s))
 
     def call(self, method: str, *args: Any, timeout_s: float) -> Any:
         try:
             return call(self.channel, self.index, method, *args, timeout_s=timeout_s)
         except WorkerUnreachable as exc:
-            raise Unreachable(str(exc)) from None
+            raise Unreachable(f"{self.name}: {exc}") from None
 
 
 class _RayStarted:

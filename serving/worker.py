@@ -25,11 +25,13 @@ from prometheus_client.metrics_core import Metric
 from serving import telemetry
 from serving.a2a_tasks import WorkerTasks
 from serving.app import build_apps, door_ports, serve_apps
-from serving.reranker_process import SharedQueryEncoder, SharedReranker
+from serving.remotes import RemoteQueryEncoder, RemoteReranker, RemoteWriter, writer_calls
+from serving.reranker_process import RERANKER
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.tls import tls_options
-from serving.worker_channel import ChannelServer, WorkerUnreachable, WriterClient, call
+from serving.transport import ChannelTransport
+from serving.worker_channel import ChannelServer, WorkerUnreachable, call
 from serving.workers import Doors, Seat, bind
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,11 @@ class WorkerService(SearchService):
 
     def __init__(self, settings: Settings, seat: Seat) -> None:
         timeout_s = settings.serving.query_timeout_s
-        follow = WriterClient(seat.channel, timeout_s) if seat.role == "follower" else None
+        writer = ChannelTransport(seat.channel, 0, "worker 0")
+        follow = RemoteWriter(writer, timeout_s) if seat.role == "follower" else None
+        process = ChannelTransport(seat.channel, RERANKER, "the reranker process")
         self.shared_reranker = (
-            SharedReranker(seat.channel, seat.reranker, settings.engine, timeout_s) if seat.reranker else None
+            RemoteReranker(process, seat.reranker, settings.engine, timeout_s) if seat.reranker else None
         )
         encoder = (seat.reranker or {}).get("query_encoder")
         super().__init__(
@@ -53,7 +57,7 @@ class WorkerService(SearchService):
             writable=seat.role == "writer",
             follow=follow,
             reranker=self.shared_reranker,
-            query_encoder=SharedQueryEncoder(seat.channel, encoder, timeout_s) if encoder else None,
+            query_encoder=RemoteQueryEncoder(process, encoder, timeout_s) if encoder else None,
         )
         self.seat = seat
 
@@ -78,7 +82,7 @@ class WorkerService(SearchService):
         found = {"metrics": lambda: list(self.registry.collect())}
         live = self.engine.live
         if self.seat.role == "writer":
-            found |= {"upsert": live.upsert, "delete": live.delete, "document": live.document, "status": live.status}
+            found |= writer_calls(live)
         return found
 
 

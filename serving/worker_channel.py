@@ -1,7 +1,9 @@
 """The local channel between the workers of one ``serve --workers N``: each worker answers its
-siblings' calls on a Unix socket of its own (``w<index>.sock`` in the supervisor's private folder),
-and :class:`WriterClient` is the index's writer, worker 0, as a follower's engine sees it. The
-shared reranker process answers on the same terms at ``wreranker.sock`` (:mod:`serving.reranker_process`).
+siblings' calls on a Unix socket of its own (``w<index>.sock`` in the supervisor's private folder):
+the index's writer (worker 0) takes the followers' writes, and every worker answers for its
+metrics. The shared reranker process answers on the same terms at ``wreranker.sock``
+(:mod:`serving.reranker_process`). Callers reach them through
+:class:`serving.transport.ChannelTransport`.
 
 A call is one connection: the shared key (32 bytes, compared before anything is unpickled), then a
 pickled ``(method, args)``, answered by a pickled ``("ok", value)`` or ``("error", exc)``. Not
@@ -24,13 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.documents import DocumentIn
 from engine.errors import ServiceError
-from serving.admission import Overloaded
 
 log = logging.getLogger(__name__)
 KEY_BYTES = 32
-RETRY_AFTER_S = 5  # what a follower's refused write says: about a worker's restart on a small machine
 _LENGTH = struct.Struct("!Q")
 
 
@@ -137,45 +136,6 @@ def call(channel: Channel, index: int | str, method: str, *args: Any, timeout_s:
     if outcome == "error":
         raise value
     return value
-
-
-class WriterClient:
-    """The index's writer (worker 0) as a follower's ``engine.live``: the :class:`~engine.live.writer.Writer`
-    calls, sent over the channel. While the writer cannot be reached (killed, restarting, stuck) a
-    write is refused with :class:`Overloaded` (503 + Retry-After) and searches go on."""
-
-    def __init__(self, channel: Channel, timeout_s: float) -> None:
-        self.channel, self.timeout_s = channel, timeout_s
-
-    def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        try:
-            return call(self.channel, 0, method, *args, timeout_s=timeout_s or self.timeout_s)
-        except WorkerUnreachable as exc:
-            log.warning("the writer did not take %s (%s)", method, exc)
-            raise Overloaded(
-                "the index's writer (worker 0) is restarting or busy; send it again (a document sent twice is kept"
-                " once)",
-                RETRY_AFTER_S,
-            ) from None
-
-    def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
-        return self._call("upsert", document, wait)
-
-    def delete(self, document_id: str, wait: bool = False) -> dict:
-        return self._call("delete", document_id, wait)
-
-    def document(self, document_id: str) -> dict | None:
-        return self._call("document", document_id)
-
-    def status(self) -> dict:
-        """The writer's own status (``refresh_error`` among it), or ``reachable: false`` and why."""
-        try:
-            return {"writer": "worker 0", "reachable": True, **call(self.channel, 0, "status", timeout_s=2.0)}
-        except WorkerUnreachable as exc:
-            return {"writer": "worker 0", "reachable": False, "error": str(exc)}
-
-    def close(self) -> None:
-        """The writer closes itself."""
 
 
 def _send(sock: socket.socket, value: object) -> None:

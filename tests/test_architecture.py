@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # floor of each top-level package: data flows up, imports point down
 PACKAGES = {"engine": 1, "offline": 2, "index_build": 3, "agents": 3, "serving": 4, "cli": 5, "benchmarks": 6}
-# inside the engine: the ground (models and plumbing), storage, the stages, live writes, the pipeline
+# inside the engine: the ground (models and plumbing), storage, the stages, live writes, an index in
+# shards searched as one, the pipeline
 ENGINE = {
     **dict.fromkeys(("settings", "documents", "errors", "text", "health", "telemetry", "threads", "onnx"), 0),
     "store": 1,
@@ -17,8 +18,9 @@ ENGINE = {
     "rerank": 3,
     "fusion": 3,
     "live": 3,
-    "search": 4,
-    "": 5,  # engine/__init__.py hands the engine's face on
+    "shards": 4,
+    "search": 5,
+    "": 6,  # engine/__init__.py hands the engine's face on
 }
 
 

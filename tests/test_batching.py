@@ -2,7 +2,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.rerank.batching import RerankBatcher, score_together
+from engine.rerank.batching import RerankBatcher, score_rows
 from engine.rerank.cross_encoder import Reranker
 from engine.rerank.pair_assembly import PassageTokens
 from offline.dataset import load_dataset
@@ -29,7 +29,8 @@ def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir,
         assert batcher.batches < 2 * len(jobs)  # requests were merged
         for mine, ours, reference in zip(together, made, alone, strict=True):
             assert mine == pytest.approx(reference, abs=1e-4) and ours == pytest.approx(reference, abs=1e-4)
-        for mine, reference in zip(score_together(reranker, jobs), alone, strict=True):  # a Ray replica's call
+        rows = [(p.rows, p.lengths) for p in (reranker.prepare(q, passages) for q, passages in jobs)]
+        for mine, reference in zip(score_rows(reranker, rows), alone, strict=True):  # a Ray replica's call
             assert mine == pytest.approx(reference, abs=1e-4)
         assert batcher.score("nothing", []) == []
         assert batcher.device == "cpu"  # the wrapped reranker's attributes show through

@@ -29,9 +29,11 @@ from offline.server_process import (
     worker_client,
     workers_up,
 )
-from serving.reranker_process import SharedQueryEncoder, SharedReranker, run_reranker
+from serving.remotes import RemoteQueryEncoder, RemoteReranker
+from serving.reranker_process import RERANKER, run_reranker
 from serving.settings import Settings
-from serving.worker_channel import Channel, WorkerUnreachable
+from serving.transport import ChannelTransport, Unreachable
+from serving.worker_channel import Channel
 from tests.helpers import fails_to_serve
 
 
@@ -57,7 +59,7 @@ def _spawned(settings: Settings, tmp_path) -> tuple[multiprocessing.Process, Cha
 
 def _encodes_as_the_index_encoder(channel: Channel, described: dict, index_dir) -> None:
     """16 callers at once (``--shared-query-encoder on``): each gets its own row, the encoder's."""
-    remote = SharedQueryEncoder(channel, described["query_encoder"], timeout_s=60)
+    remote = RemoteQueryEncoder(ChannelTransport(channel, RERANKER, "reranker"), described["query_encoder"], 60)
     model = load_encoder(read_manifest(index_dir).encoder, "cpu")
     queries = [f"question {i} about {topic}" for i, topic in enumerate(["soy", "coffee", "rice", "meat"] * 4)]
     with ThreadPoolExecutor(max_workers=len(queries)) as pool:
@@ -82,7 +84,7 @@ def test_the_process_scores_each_callers_pairs_and_encodes_their_queries_as_one_
     try:
         assert described["device"] == "cpu" and described["max_length"] == 96
         assert described["query_encoder"] == "shared torch-cpu"
-        shared = SharedReranker(channel, described, settings.engine, timeout_s=60)
+        shared = RemoteReranker(ChannelTransport(channel, RERANKER, "reranker"), described, settings.engine, 60)
         local = load_reranker(settings.engine, reranker_dir, "cpu", cache=False)  # as one process serves it
         assert shared.text_tokens.fingerprint == local.text_tokens.fingerprint  # the index's ids fit its pairs
 
@@ -108,7 +110,7 @@ def test_the_process_scores_each_callers_pairs_and_encodes_their_queries_as_one_
 
         process.kill()
         process.join()
-        with pytest.raises(WorkerUnreachable):
+        with pytest.raises(Unreachable):
             shared.score("soy after the process died", jobs[1][1])
         assert shared.status()["reachable"] is False
     finally:

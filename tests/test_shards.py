@@ -12,20 +12,14 @@ from engine.settings import EngineSettings
 from engine.store.docstore import DocStore
 from engine.store.index_dir import DOCS_FILE, IndexDirError, read_manifest, shard_dir, shard_of
 from index_build.settings import BuildSettings
+from tests.conftest import SHARDS
 
-SHARDS = 3
 QUERIES = ["arsenic in rice", "soy and breast cancer", "broccoli sulforaphane", "red meat", "report", "the of"]
 
 
 @pytest.fixture(scope="module")
-def sharded_dir(beir_dir, tmp_path_factory):
-    from index_build.builder import build_index
-
-    target = tmp_path_factory.mktemp("sharded") / "tiny"
-    build_index(
-        EngineSettings(index_dir=target, device="cpu"), BuildSettings(data_dir=beir_dir, shards=SHARDS), progress=False
-    )
-    return target
+def sharded_dir(sharded_index_dir):
+    return sharded_index_dir
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +87,35 @@ def test_filters_and_documents_are_answered_across_the_shards(engines):
     assert np.allclose(sims, whole.dense.similarity(whole.dense.encode_query("soy"), [d for d, _ in want.final]))
 
 
-def test_a_sharded_index_is_not_written_in_one_process(sharded_dir):
+def test_writes_in_one_process_go_to_their_documents_shard(sharded_dir, tmp_path):
+    import shutil
+
+    from engine.documents import DocumentIn
     from engine.search import HybridEngine
 
-    with pytest.raises(IndexDirError, match="shards is read in one process"):
-        HybridEngine(EngineSettings(index_dir=sharded_dir, device="cpu", rerank=False), writable=True)
+    copy = tmp_path / "index"
+    shutil.copytree(sharded_dir, copy)
+    settings = EngineSettings(index_dir=copy, device="cpu", rerank=False)
+    ids = [f"okapi-{i}" for i in range(6)]
+    assert len({shard_of(d, SHARDS) for d in ids}) > 1
+    engine = HybridEngine(settings, writable=True)
+    try:
+        for doc_id in ids:
+            chunk = {"chunk_id": doc_id, "content": f"okapi forest giraffe {doc_id}"}
+            engine.live.upsert(DocumentIn.model_validate({"document_id": doc_id, "chunks": [chunk]}), wait=True)
+        assert set(ids) <= {h.doc_id for h in engine.search("okapi forest giraffe", 10)}
+        engine.live.delete(ids[0], wait=True)
+        assert engine.live.document(ids[0]) is None and engine.live.document(ids[1])["document_id"] == ids[1]
+    finally:
+        engine.close()  # each shard checkpoints its own writes
+    for doc_id in ids[1:]:
+        held = [DocStore(shard_dir(copy, i) / DOCS_FILE).document(doc_id) is not None for i in range(SHARDS)]
+        assert held == [i == shard_of(doc_id, SHARDS) for i in range(SHARDS)], doc_id
+    reader = HybridEngine(settings)
+    try:
+        assert {h.doc_id for h in reader.search("okapi forest giraffe", 10)} >= set(ids[1:])
+    finally:
+        reader.close()
 
 
 def test_a_missing_shard_is_named(sharded_dir, tmp_path):
@@ -119,3 +137,50 @@ def test_too_many_shards_for_the_corpus_is_refused(beir_dir, tmp_path):
             BuildSettings(data_dir=beir_dir, shards=64),
             progress=False,
         )
+
+
+def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(sharded_dir, tmp_path):
+    """The shards behind the workers' channel (real sockets; Ray's handles are the other carrier,
+    tests/test_ray_shards.py): the same answers; a shard that stops answering is named in the
+    answer when partial results are allowed, else the search fails with a 503."""
+    import os
+
+    from engine.search import HybridEngine
+    from engine.search.shard import LocalShard
+    from engine.shards.fanout import ShardUnavailable
+    from engine.shards.opened import shard_settings
+    from serving.remotes import RemoteShards
+    from serving.transport import ChannelTransport
+    from serving.worker_channel import Channel, ChannelServer
+
+    settings = EngineSettings(index_dir=sharded_dir, device="cpu", rerank=False)
+    channel = Channel(tmp_path, os.urandom(32))
+    methods = ("statistics", "bm25", "dense", "chunks", "similarity", "holding", "document", "sample", "size")
+    local = [LocalShard(HybridEngine(shard_settings(settings, sharded_dir, i))) for i in range(SHARDS)]
+    servers = [ChannelServer(channel, i, {m: getattr(s, m) for m in methods}) for i, s in enumerate(local)]
+    transports = [ChannelTransport(channel, i, f"shard {i}") for i in range(SHARDS)]
+    here = HybridEngine(settings)
+    try:
+        for partial in (True, False):
+            remote = HybridEngine(settings, shards=RemoteShards(transports, 5, partial))
+            for query in QUERIES:
+                assert [(h.doc_id, h.score) for h in remote.search(query, 5)] == [
+                    (h.doc_id, h.score) for h in here.search(query, 5)
+                ]
+            remote.close()
+        servers[1].close(5)
+        partial = HybridEngine(settings, shards=RemoteShards(transports, 5, True))
+        hits = partial.search("soy and breast cancer", 8)
+        assert hits.missing_shards == [1] and hits
+        assert all(shard_of(h.document_id, SHARDS) != 1 for h in hits)
+        assert [s.get("reachable", True) for s in partial.shards.status()] == [True, False, True]
+        whole = HybridEngine(settings, shards=RemoteShards(transports, 5, False))
+        with pytest.raises(ShardUnavailable, match="shard 1") as failed:
+            whole.search("soy and breast cancer", 8)
+        assert failed.value.status == 503 and failed.value.headers["Retry-After"]
+    finally:
+        for server in servers:
+            server.close(5)
+        for shard in local:
+            shard.close()
+        here.close()

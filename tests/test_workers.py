@@ -30,7 +30,9 @@ from offline.server_process import (
     workers_up,
 )
 from serving.admission import Overloaded
-from serving.worker_channel import Channel, ChannelServer, WorkerFailed, WorkerUnreachable, WriterClient, call
+from serving.remotes import RemoteWriter
+from serving.transport import ChannelTransport
+from serving.worker_channel import Channel, ChannelServer, WorkerFailed, WorkerUnreachable, call
 from serving.workers import bind
 from tests.helpers import a2a_v1_send, fails_to_serve, only_doc_ids
 
@@ -305,7 +307,7 @@ def test_the_channel_carries_a_callers_errors_and_refuses_strangers(tmp_path):
         slow.set()
     finally:
         server.close(5)
-    client = WriterClient(channel, timeout_s=5)
+    client = RemoteWriter(ChannelTransport(channel, 0, "worker 0"), timeout_s=5)
     with pytest.raises(Overloaded) as refused:  # nobody listens: a write is refused, with when to come back
         client.document("any")
     assert isinstance(refused.value, ServiceError) and refused.value.status == 503

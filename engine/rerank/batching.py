@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from engine.rerank.cross_encoder import PreparedPairs, Reranker
 from engine.rerank.pair_assembly import PassageTokens
+from engine.rerank.pair_tokens import PairRow
 
 
 @dataclass
@@ -130,6 +131,7 @@ class RerankBatcher:
             request.future.set_result(own)
 
 
-def score_together(reranker: Reranker, requests: list[tuple[str, list[str]]]) -> list[list[float]]:
-    """Several queries' (query, passages) scored in one call; each gets back its own scores."""
-    return reranker.finish_together([reranker.prepare(query, passages) for query, passages in requests])
+def score_rows(reranker: Reranker, calls: list[tuple[list[PairRow], list[int]]]) -> list[list[float]]:
+    """Several callers' pair rows (made where their score cache is: a Ray replica's callers), scored
+    in one pass; each gets back its own scores."""
+    return reranker.finish_together([PreparedPairs([None] * len(rows), [], rows, lengths) for rows, lengths in calls])

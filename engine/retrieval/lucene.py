@@ -172,6 +172,7 @@ class LuceneIndex:
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
         self.k1, self.b = float(k1), float(b)
         self._similarity = j.BM25Similarity(self.k1, self.b)
+        self._matched: tuple | None = None  # (average, view) match_lengths last set the similarity for
         self._writer = None
         try:
             if writable:
@@ -308,7 +309,10 @@ class LuceneIndex:
     def match_lengths(self, average: float) -> None:
         """Normalise lengths by ``average`` (a whole corpus's) rather than this index's own: BM25 with
         ``k1' = k1 (1 - b + b r)`` and ``b' = b r / (1 - b + b r)``, ``r`` this index's average over
-        ``average``, equals BM25(k1, b) at that average for every length."""
+        ``average``, equals BM25(k1, b) at that average for every length. Set again only when
+        ``average`` or this index's view changed (a refresh after writes)."""
+        if self._matched == (average, self._view):
+            return
         docs, length = self.collection()
         r = length / docs / average if docs and average else 1.0
         k1, b = self.k1, self.b
@@ -317,6 +321,7 @@ class LuceneIndex:
         view = self._view
         with _calls:
             view.searcher.setSimilarity(self._similarity)
+        self._matched = (average, view)
 
     def _clauses(self, filters: Filters) -> list | None:
         """``filters`` as Lucene queries on the chunks' own terms, or None where one condition is on

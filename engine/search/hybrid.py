@@ -32,9 +32,11 @@ from engine.retrieval.protocol import Ranking, Retriever
 from engine.search import stages
 from engine.search.allowed import AllowedSets
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult, make_hits
+from engine.search.shard import LocalShard
 from engine.settings import EngineSettings
 from engine.shards.fanout import Shards
-from engine.shards.opened import open_sharded, sharded_view
+from engine.shards.opened import shard_settings, sharded_view
+from engine.shards.writes import ShardedWriter
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
     ADAPT_DIR,
@@ -79,7 +81,8 @@ class HybridEngine:
         encoder on ``retrieval_device``.
         ``encoder``: the index's bi-encoder, already loaded (a sharded index's shards share the top's).
         ``shards``: a sharded index's shards, served elsewhere (Ray deployments); by default opened here.
-        Such an engine takes its writes through ``follow`` (the shards' writers), as the shards show them.
+        Such an engine takes its writes through ``follow`` (the shards' writers), as the shards show them;
+        a sharded index opened here ``writable`` writes each document in its shard's engine.
         ``follow``: the index's writer in another process; this read-only engine takes its writes
         there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
         from engine.live.follower import Follower
@@ -90,10 +93,10 @@ class HybridEngine:
         self.settings = settings
         index_dir = Path(settings.index_dir)
         self.manifest: Manifest = read_manifest(index_dir)
-        if self.manifest.shards and (writable or (follow is not None and shards is None)):
+        if self.manifest.shards and follow is not None and shards is None:
             raise IndexDirError(
-                f"{index_dir}: an index in {self.manifest.shards} shards is read in one process, not written; its"
-                " writes go through `serve --ray`, to each document's shard"
+                f"{index_dir}: an index in {self.manifest.shards} shards is served by one process (`serve`) or on"
+                " Ray (`serve --ray`), not by `serve --workers N`"
             )
         writer_lock = claim_writer(index_dir) if writable else None
         self.device = pick_device(settings.device)
@@ -109,11 +112,16 @@ class HybridEngine:
             settings.query_encoder_quantize,
         )
         if self.manifest.shards:
-            self.view: IndexView = (
-                open_sharded(index_dir, self.manifest, settings, encoder, query_encoder)
-                if shards is None
-                else sharded_view(index_dir, self.manifest, shards, encoder, query_encoder, "remote shards")
-            )
+            if shards is None:  # each shard's engine here, sharing this one's encoders
+                engines = [
+                    HybridEngine(
+                        shard_settings(settings, index_dir, i), writable, encoder=encoder, query_encoder=query_encoder
+                    )
+                    for i in range(self.manifest.shards)
+                ]
+                shards = Shards([LocalShard(engine) for engine in engines])
+            backend = shards.shards[0].engine.dense.backend if isinstance(shards.shards[0], LocalShard) else "remote"
+            self.view: IndexView = sharded_view(index_dir, self.manifest, shards, encoder, query_encoder, backend)
             self.allowed = self.view.dense.allowed  # each shard filters its own chunks
             self.shards: Shards | None = self.view.dense.shards
         else:
@@ -127,14 +135,16 @@ class HybridEngine:
             self.allowed = AllowedSets(store)  # a filter's chunks, kept per store version
             self.shards = None
         dense = self.view.dense
-        if writable and not dense.accepts_deletes:
+        if writable and not self.manifest.shards and not dense.accepts_deletes:  # a shard checks its own
             raise IndexDirError(
                 f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
                 " writes; rebuild with --dense-index flat, or rebuild after changing the corpus"
             )
         self.live: LiveIndex | Writer | None = None
         self.follower: Follower | None = None
-        if writable:
+        if writable and self.shards is not None:  # each shard's engine writes its own
+            self.live = ShardedWriter([shard.engine.live for shard in self.shards.shards])
+        elif writable:
             self.live = LiveIndex(
                 self.view, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes, settings.followed
             )
@@ -255,6 +265,8 @@ class HybridEngine:
         tokenizer = reranker.text_tokens if isinstance(reranker, PairScorer) else None
         if tokenizer is None:
             return None
+        if self.shards is not None and tokenizer.recipe != self.manifest.passage_tokens:
+            return None  # a sharded store's ids are the build's tokenizer's; others tokenize the texts they read
         key = (tokenizer.fingerprint, reranker.memory_context > 0)
         with self._pair_inputs_lock:
             if key not in self._pair_inputs:

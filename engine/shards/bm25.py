@@ -12,12 +12,23 @@ the query (one round of calls before the search). Scores then equal one index's 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from engine.documents import Filters
 from engine.retrieval.protocol import Query, Ranking, Within
 from engine.shards.fanout import Shards
 from engine.shards.merge import by_score_then_id
-from engine.shards.shard import ShardStatistics
+
+
+@dataclass(frozen=True)
+class ShardStatistics:
+    """A query's terms on one shard (with the generator's boosts), the chunks holding each, and the
+    shard's chunks and their length in terms."""
+
+    terms: list[tuple[str, float]]
+    frequencies: list[int]
+    documents: int
+    length: int
 
 
 def idf(frequency: int, count: int) -> float:

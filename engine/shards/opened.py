@@ -1,5 +1,5 @@
-"""A sharded index directory opened in one process: an engine a shard (read-only, sharing the
-top's encoders) and the view that searches them as one index."""
+"""A sharded index's view: its shards (here or remote) searched as one index, and what each
+shard's own engine opens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from engine.settings import EngineSettings
 from engine.shards.bm25 import ShardedBM25
 from engine.shards.dense import ShardedDense
 from engine.shards.fanout import Shards
-from engine.shards.shard import LocalShard
 from engine.shards.store import ShardedStore
 from engine.store.index_dir import Manifest, shard_dir
 
@@ -35,15 +34,3 @@ def sharded_view(
         ShardedDense(shards, encoder, query_encoder, backend),
         0,
     )
-
-
-def open_sharded(index_dir: Path, manifest: Manifest, settings: EngineSettings, encoder, query_encoder) -> IndexView:
-    """Every shard of the index at ``index_dir`` opened here, read-only, as one view."""
-    from engine.search import HybridEngine
-
-    engines = [
-        HybridEngine(shard_settings(settings, index_dir, i), encoder=encoder, query_encoder=query_encoder)
-        for i in range(manifest.shards)
-    ]
-    shards = Shards([LocalShard(engine) for engine in engines])
-    return sharded_view(index_dir, manifest, shards, encoder, query_encoder, engines[0].dense.backend)

@@ -8,35 +8,24 @@ the three phases of Elasticsearch's ``dfs_query_then_fetch`` and nothing more.
 - **fetch:** :meth:`LocalShard.chunks`, the texts of the hits merged.
 
 Every argument and answer is plain data, so the same calls go to a shard in this process or to a
-Ray deployment's replicas (``serving/ray_shards.py``), and a shard that follows its writer shows
+Ray deployment's replicas (``serving/ray_app.py: ShardReplica``), and a shard that follows its writer shows
 the writer's checkpoints before it answers, as any follower does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.documents import Filters
 from engine.retrieval.protocol import Query, Ranking, Within
+from engine.shards.bm25 import ShardStatistics
 from engine.store.docstore import Chunk
 
 if TYPE_CHECKING:
     from engine.search import HybridEngine
-
-
-@dataclass(frozen=True)
-class ShardStatistics:
-    """A query's terms on one shard (with the generator's boosts), the chunks holding each, and the
-    shard's chunks and their length in terms."""
-
-    terms: list[tuple[str, float]]
-    frequencies: list[int]
-    documents: int
-    length: int
 
 
 class LocalShard:

@@ -1,0 +1,172 @@
+"""``serve --ray`` over a sharded index on a real local Ray cluster: a deployment a shard (two
+replicas each) and a writer a shard; answers equal to the sharded index searched in one process,
+writes routed to their document's shard, a replica lost under load failing no search, a shard down
+said in the answer, and ``build --shards --ray`` giving the index a local sharded build gives."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from engine.settings import EngineSettings
+from engine.store.docstore import DocStore
+from engine.store.index_dir import DOCS_FILE, shard_dir, shard_of
+from offline.server_process import ROOT, free_port, start_server, stop_server
+from tests.conftest import SHARDS
+
+pytest.importorskip("ray", reason="the optional Ray extra is not installed (pip install -e '.[ray]')")
+pytestmark = pytest.mark.slow  # a local Ray cluster per test module
+
+QUERIES = ["arsenic in rice", "soy and breast cancer", "broccoli sulforaphane", "red meat", "the of"]
+
+
+@pytest.fixture(scope="module")
+def served(sharded_index_dir, tmp_path_factory):
+    port = free_port()
+    work = tmp_path_factory.mktemp("ray-shards")
+    index = work / "index"
+    shutil.copytree(sharded_index_dir, index)  # the shards' writers change it
+    args = ["serve", "--ray", "--index-dir", str(index), "--mcp-port", str(port), "--device", "cpu"]
+    args += ["--search-replicas", "1", "--shard-replicas", "2", "--replica-cpus", "0.2", "--shard-failure", "partial"]
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", work / "serve.log", timeout_s=600)
+    yield {"url": f"http://127.0.0.1:{port}", "index": index}
+    assert stop_server(proc) == 0, "SIGTERM must take the deployments down cleanly"
+
+
+def _search(url: str, query: str, top_k: int = 5) -> dict:
+    reply = httpx.post(f"{url}/search", json={"query": query, "top_k": top_k}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+@contextmanager
+def _cluster():
+    """This test process joined to the server's Ray cluster (the JVM's signal handlers kept)."""
+    import ray
+
+    from engine.retrieval.java import jvm_signals_kept
+
+    with jvm_signals_kept():
+        ray.init(address="auto", namespace="serve", logging_level="ERROR")
+    try:
+        yield ray
+    finally:
+        with jvm_signals_kept():
+            ray.shutdown()
+
+
+def _replicas(ray, deployment: str) -> list[str]:
+    from serving.ray_app import APP_NAME
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    return sorted(n for n in names if n.startswith(f"SERVE_REPLICA::{APP_NAME}#{deployment}#"))
+
+
+def test_the_shard_deployments_answer_as_the_sharded_index_in_one_process(served, sharded_index_dir):
+    from engine.search import HybridEngine
+
+    engine = HybridEngine(EngineSettings(index_dir=sharded_index_dir, device="cpu", rerank=False))
+    try:
+        for query in QUERIES:
+            local, answer = engine.search(query, 5), _search(served["url"], query)
+            assert [h["doc_id"] for h in answer["results"]] == [h.doc_id for h in local], query
+            assert [h["score"] for h in answer["results"]] == pytest.approx([h.score for h in local], abs=1e-6)
+            assert "missing_shards" not in answer  # said only when a shard did not answer
+    finally:
+        engine.close()
+    health = httpx.get(served["url"] + "/health").json()
+    assert health["documents"] == 32 and health["missing_shards"] == [] and len(health["shards"]) == SHARDS
+
+
+def test_writes_go_to_their_documents_shard_and_every_search_finds_them(served):
+    url, index = served["url"], served["index"]
+    ids = [f"okapi-{i}" for i in range(6)]
+    assert len({shard_of(d, SHARDS) for d in ids}) > 1
+    for doc_id in ids:
+        body = {"document_id": doc_id, "chunks": [{"chunk_id": doc_id, "content": f"okapi forest giraffe {doc_id}"}]}
+        assert httpx.post(f"{url}/documents?refresh=wait_for", json=body, timeout=60).status_code == 201
+    for _ in range(20):  # any search replica, any shard replica: every one shows the writes
+        found = {h["doc_id"] for h in _search(url, "okapi forest giraffe", 10)["results"]}
+        assert set(ids) <= found
+    for doc_id in ids:
+        assert httpx.get(f"{url}/documents/{doc_id}").json()["document_id"] == doc_id
+        held = [DocStore(shard_dir(index, i) / DOCS_FILE).document(doc_id) is not None for i in range(SHARDS)]
+        assert held == [i == shard_of(doc_id, SHARDS) for i in range(SHARDS)], doc_id  # its shard's store alone
+    gone = httpx.delete(f"{url}/documents/{ids[0]}?refresh=wait_for", timeout=60)
+    assert gone.status_code == 200
+    assert ids[0] not in {h["doc_id"] for h in _search(url, "okapi forest giraffe", 10)["results"]}
+
+
+def test_a_shard_replica_killed_under_load_fails_no_search(served):
+    url, failures, answered = served["url"], [], []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            reply = httpx.post(f"{url}/search", json={"query": "soy and breast cancer", "top_k": 5}, timeout=60)
+            body = reply.json()
+            (answered if reply.status_code == 200 and "missing_shards" not in body else failures).append(body)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2)
+        with _cluster() as ray:
+            ray.kill(ray.get_actor(_replicas(ray, "shard-0")[0], namespace="serve"), no_restart=True)
+        time.sleep(5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not failures and len(answered) > 20
+
+
+def test_a_shard_down_is_said_in_the_answer_and_health(served):
+    url = served["url"]
+    with _cluster() as ray:
+        for name in _replicas(ray, "shard-1"):
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        answer = _search(url, "soy and breast cancer")
+    assert answer["missing_shards"] == [1]
+    assert all(shard_of(h["document_id"], SHARDS) != 1 for h in answer["results"])
+
+
+def test_build_shards_on_ray_gives_the_local_sharded_build(beir_dir, sharded_index_dir, tmp_path):
+    """Each shard a Ray task: the same shards, bit for bit in their vectors, as the local build."""
+    import faiss
+
+    target = tmp_path / "on-ray"
+    command = [sys.executable, "-m", "cli.main", "build", "--ray", "--data", str(beir_dir), "--index-dir", str(target)]
+    run = subprocess.run(
+        command + ["--device", "cpu", "--shards", str(SHARDS)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"shards on Ray: done, {SHARDS} shards" in run.stderr
+    for i in range(SHARDS):
+        local, on_ray = (faiss.read_index(str(shard_dir(d, i) / "dense.faiss")) for d in (sharded_index_dir, target))
+        assert (faiss.vector_to_array(local.id_map) == faiss.vector_to_array(on_ray.id_map)).all()
+        assert (local.index.reconstruct_n(0, local.ntotal) == on_ray.index.reconstruct_n(0, on_ray.ntotal)).all()
+
+
+def test_the_kuberay_manifest_names_an_application_that_builds(sharded_index_dir):
+    """docs/kuberay-rayservice.yaml's serveConfigV2: its import path and args make the application
+    (on the tiny sharded index in place of the manifest's volume)."""
+    import importlib
+
+    import yaml
+    from ray.serve import Application
+
+    manifest = yaml.safe_load((ROOT / "docs" / "kuberay-rayservice.yaml").read_text())
+    assert manifest["kind"] == "RayService"
+    (app,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    module, _, name = app["import_path"].partition(":")
+    built = getattr(importlib.import_module(module), name)({**app["args"], "index_dir": str(sharded_index_dir)})
+    assert isinstance(built, Application)
