@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.documents import Filters
 from engine.retrieval.protocol import Query, Ranking, Within
-from engine.shards.bm25 import ShardStatistics
+from engine.shards.bm25 import ShardStatistics, statistics_of
 from engine.store.docstore import Chunk
 
 if TYPE_CHECKING:
@@ -47,10 +47,7 @@ class LocalShard:
 
     def statistics(self, text: str) -> ShardStatistics:
         self._caught_up()
-        bm25 = self.engine.bm25
-        terms = bm25.query_terms(text)
-        documents, length = bm25.collection()
-        return ShardStatistics(terms, bm25.frequencies([t for t, _ in terms]), documents, length)
+        return statistics_of(self.engine.bm25, text)
 
     def bm25(
         self, query: Query, k: int, filters: Filters | None, weighted: list[tuple[str, float]], average: float

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from engine.documents import Filters
+from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.protocol import Query, Ranking, Within
 from engine.shards.fanout import Shards
 from engine.shards.merge import by_score_then_id
@@ -29,6 +30,13 @@ class ShardStatistics:
     frequencies: list[int]
     documents: int
     length: int
+
+
+def statistics_of(index: LuceneIndex, text: str) -> ShardStatistics:
+    """What a shard says of ``text`` in the first round (its terms, their frequencies, its size)."""
+    terms = index.query_terms(text)
+    documents, length = index.collection()
+    return ShardStatistics(terms, index.frequencies([t for t, _ in terms]), documents, length)
 
 
 def idf(frequency: int, count: int) -> float:
@@ -62,11 +70,14 @@ class ShardedBM25:
     def __init__(self, shards: Shards) -> None:
         self.shards = shards
 
-    def ranked(self, query: Query, k: int, filters: Filters | None) -> Ranking:
+    def scored(self, query: Query, k: int, filters: Filters | None) -> Ranking:
+        """Every shard's top ``k``, scored as one index, not merged yet."""
         weighted, average = weights(self.shards.ask("statistics", query.text))
         asked = [None if not w else (query, k, filters, w, average) for w in weighted]
-        found = self.shards.ask_each("bm25", asked)
-        return by_score_then_id([hit for hits in found if hits for hit in hits])[:k]
+        return [hit for hits in self.shards.ask_each("bm25", asked) if hits for hit in hits]
+
+    def ranked(self, query: Query, k: int, filters: Filters | None) -> Ranking:
+        return by_score_then_id(self.scored(query, k, filters))[:k]
 
     def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
         return self.ranked(query, k, within.filters)

@@ -1,20 +1,23 @@
-"""The order merged shards serve hits in."""
+"""The order merged shards serve BM25 hits in."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.retrieval.protocol import Ranking
 
-TIE = 1e-6  # BM25 scores this close (relative) are equal: one index's duplicates, scored on two shards
+TIE_STEPS = 4  # float32 steps within which two scores are one: shards are off by at most 3 (docs/ray.md)
 
 
 def by_score_then_id(hits: Ranking) -> Ranking:
-    """Best first, and a run of scores each within ``TIE`` of the one before ordered by id, as one
-    Lucene index orders equal scores. Shards score as one index to float rounding (docs/ray.md), so
-    equal scores there can differ here in the last bit; grouping them keeps one index's order."""
+    """Best first, and a run of scores each within :data:`TIE_STEPS` float32 steps of the one
+    before ordered by id, at the run's best score, as one Lucene index orders equal scores. A shard
+    scores as one index only to float rounding (each term's weight rounded apart), so one index's
+    equal scores (duplicates) can differ here in their last bits."""
     ordered: Ranking = []
     group: Ranking = []
     for hit in sorted(hits, key=lambda h: -h[1]):
-        if group and abs(group[-1][1] - hit[1]) > TIE * max(abs(hit[1]), 1e-9):
+        if group and group[-1][1] - hit[1] > TIE_STEPS * np.spacing(np.float32(abs(group[-1][1]))):
             ordered += _equal(group)
             group = []
         group.append(hit)
@@ -22,5 +25,4 @@ def by_score_then_id(hits: Ranking) -> Ranking:
 
 
 def _equal(group: Ranking) -> Ranking:
-    """A run of equal scores: by id, each the run's best (one index scores duplicates alike)."""
     return [(unit, group[0][1]) for unit, _ in sorted(group)]
