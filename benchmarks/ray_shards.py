@@ -12,8 +12,9 @@ Both indexes must be of the same corpus (``build`` and ``build --shards N``). On
   merging): what the merge costs. No reranker, so the two differ only in retrieval;
 - ``kill``: four clients keep searching while one replica of shard 0 is killed (``ray.kill``;
   R = 2; ``--shard-failure fail``, so a shard missing would fail its request): failed requests;
-- ``shard_down``: redeployed with ``--shard-failure partial``, every replica of shard 1 killed and a
-  search sent at once: its ``missing_shards``, and ``/health``'s;
+- ``shard_down``: redeployed with ``--shard-failure partial``, every replica of shard 1 killed with
+  its folder away (Serve cannot start another): a search's ``missing_shards`` and how long it took
+  (``--shard-timeout``, asked twice), and ``/health``'s;
 - ``writes``: documents through REST, each found by 20 searches in a row, and found in its own
   shard's store only.
 """
@@ -48,23 +49,30 @@ def _deploy(ray: RayDeployment, args, failure: str = "fail") -> float:
         ray_replica_cpus=args.replica_cpus,
         ray_shard_replicas=args.shard_replicas,
         ray_shard_failure=failure,
+        ray_shard_timeout_s=args.shard_timeout,
     )
     ray.serve.run(application(deployed), name=APP_NAME, route_prefix="/")
     return round(time.perf_counter() - started, 1)
 
 
-def shard_down(ray: RayDeployment, shard: int) -> dict:
-    """Every replica of ``shard`` killed, then one search and ``/health`` at once."""
+def shard_down(ray: RayDeployment, index: Path, shard: int) -> dict:
+    """Every replica of ``shard`` killed while its folder is away (so Serve cannot start another),
+    then one search and ``/health``."""
     from serving.ray_app import APP_NAME
 
     prefix = f"SERVE_REPLICA::{APP_NAME}#shard-{shard}#"
     names = [a["name"] for a in ray.ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-    for name in names:
-        ray.ray.kill(ray.ray.get_actor(name, namespace="serve"), no_restart=True)
-    started = time.perf_counter()
-    answer = httpx.post(ray.url + "/search", json={"query": "soy and breast cancer", "top_k": 10}, timeout=60)
-    seconds = time.perf_counter() - started
-    health = httpx.get(ray.url + "/health", timeout=60).json()
+    away = shard_dir(index, shard).with_name(f"{shard}.away")
+    shard_dir(index, shard).rename(away)
+    try:
+        for name in names:
+            ray.ray.kill(ray.ray.get_actor(name, namespace="serve"), no_restart=True)
+        started = time.perf_counter()
+        answer = httpx.post(ray.url + "/search", json={"query": "soy and breast cancer", "top_k": 10}, timeout=60)
+        seconds = time.perf_counter() - started
+        health = httpx.get(ray.url + "/health", timeout=60).json()
+    finally:
+        away.rename(shard_dir(index, shard))
     return {
         "replicas_killed": len(names),
         "status": answer.status_code,
@@ -106,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replica-cpus", type=float, default=0.2, help="CPUs a replica reserves (default 0.2)")
     parser.add_argument("--queries", type=int, default=200, help="dev queries for the one-client timing")
     parser.add_argument("--seconds", type=float, default=20, help="seconds of load while a replica is killed")
+    parser.add_argument("--shard-timeout", type=float, default=2.0, help="seconds a shard has to answer (default 2)")
     args, loaded = options.load(parser, argv)
     settings = loaded.with_values(device="cpu", rerank=False, rerank_cache_size=0)
     queries = list(load_dataset(args.data_dir).split_queries("dev").values())
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         report["writes"] = writes_routed(ray.url, work / "sharded")
         print(json.dumps({"writes": report["writes"]}), flush=True)
         report["partial_deploy_seconds"] = _deploy(ray, args, "partial")
-        report["shard_down"] = shard_down(ray, 1)
+        report["shard_down"] = shard_down(ray, work / "sharded", 1)
         print(json.dumps({"shard_down": report["shard_down"]}), flush=True)
     finally:
         ray.close()

@@ -28,6 +28,7 @@ FLAG_NAMES = {
     "ray_replica_cpus": "--replica-cpus",
     "ray_shard_replicas": "--shard-replicas",
     "ray_shard_failure": "--shard-failure",
+    "ray_shard_timeout_s": "--shard-timeout",
 }
 METAVARS = {
     "tls_cert": "PEM",

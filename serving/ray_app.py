@@ -200,8 +200,9 @@ class SearchReplica:
         follow = RemoteWriter(RayTransport(writer, "writer"), timeout) if writer is not None else None
         sharded = None
         if shards:
-            partial = settings.scale_out.ray_shard_failure == "partial"
-            sharded = RemoteShards([RayTransport(h, f"shard {i}") for i, h in enumerate(shards)], timeout, partial)
+            out = settings.scale_out
+            named = [RayTransport(h, f"shard {i}") for i, h in enumerate(shards)]
+            sharded = RemoteShards(named, out.ray_shard_timeout_s, out.ray_shard_failure == "partial")
             if writers:
                 named = [RayTransport(h, f"writer of shard {i}") for i, h in enumerate(writers)]
                 follow = ShardedWriter([RemoteWriter(t, timeout) for t in named])

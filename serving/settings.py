@@ -151,6 +151,11 @@ class ScaleOutSettings(BaseModel):
     ray_shard_replicas: int = Field(
         2, ge=1, description="a sharded index: replicas of each shard (2 or more: a replica lost fails no search)"
     )
+    ray_shard_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a sharded index: seconds a shard has to answer a call (asked twice) before it counts as down",
+    )
     ray_shard_failure: Literal["partial", "fail"] = Field(
         "fail",
         description="a sharded index, when every replica of a shard is down: fail = answer 503 (Retry-After);"

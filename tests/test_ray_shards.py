@@ -35,6 +35,7 @@ def served(sharded_index_dir, tmp_path_factory):
     shutil.copytree(sharded_index_dir, index)  # the shards' writers change it
     args = ["serve", "--ray", "--index-dir", str(index), "--mcp-port", str(port), "--device", "cpu"]
     args += ["--search-replicas", "1", "--shard-replicas", "2", "--replica-cpus", "0.2", "--shard-failure", "partial"]
+    args += ["--shard-timeout", "2"]
     proc = start_server(args, f"http://127.0.0.1:{port}/health", work / "serve.log", timeout_s=600)
     yield {"url": f"http://127.0.0.1:{port}", "index": index}
     assert stop_server(proc) == 0, "SIGTERM must take the deployments down cleanly"
@@ -130,13 +131,21 @@ def test_a_shard_replica_killed_under_load_fails_no_search(served):
 
 
 def test_a_shard_down_is_said_in_the_answer_and_health(served):
-    url = served["url"]
-    with _cluster() as ray:
-        for name in _replicas(ray, "shard-1"):
-            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-        answer = _search(url, "soy and breast cancer")
-    assert answer["missing_shards"] == [1]
+    """Every replica of shard 1 killed while its folder is away (Serve cannot start another): the
+    answer comes from the other shards, and says so, as /health does."""
+    url, away = served["url"], shard_dir(served["index"], 1).with_name("1.away")
+    shard_dir(served["index"], 1).rename(away)
+    try:
+        with _cluster() as ray:
+            for name in _replicas(ray, "shard-1"):
+                ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        answer = _search(url, "soy and breast cancer", 8)
+        health = httpx.get(url + "/health", timeout=60).json()
+    finally:
+        away.rename(shard_dir(served["index"], 1))
+    assert answer["missing_shards"] == [1] and answer["results"]
     assert all(shard_of(h["document_id"], SHARDS) != 1 for h in answer["results"])
+    assert health["status"] == "degraded" and health["missing_shards"] == [1]
 
 
 def test_build_shards_on_ray_gives_the_local_sharded_build(beir_dir, sharded_index_dir, tmp_path):
