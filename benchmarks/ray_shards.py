@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.settings = ray.settings.with_values(index_dir=index)
             part = {
                 "shards": read_manifest(index).shards,
-                "deploy_seconds": _deploy(ray, ray.settings, args.shard_replicas, args.replica_cpus),
+                "deploy_seconds": _deploy(ray, args),
             }
             part["same"] = same_answers(ray.url, ray.settings.with_values(index_dir=source), queries)
             part["one_client"] = one_client(ray.url, queries[: args.queries])
