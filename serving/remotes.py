@@ -25,7 +25,7 @@ from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairRow
 from engine.retrieval.encoder import resolve_model
 from engine.settings import EngineSettings
-from engine.shards.fanout import Shards
+from engine.shards.fanout import Shards, gone
 from serving.admission import Overloaded
 from serving.transport import Transport, Unreachable
 
@@ -132,9 +132,9 @@ class RemoteShards(Shards):
         self.timeout_s = timeout_s
 
     def answers(self, name: str, args: Sequence[tuple | None]) -> list[Any]:
-        started = {
-            i: t.begin(name, *a) for i, (t, a) in enumerate(zip(self.shards, args, strict=True)) if a is not None
-        }
+        skipped = gone()  # a shard this search already went without is not waited for again
+        asked = enumerate(zip(self.shards, args, strict=True))
+        started = {i: t.begin(name, *a) for i, (t, a) in asked if a is not None and i not in skipped}
         found: list[Any] = [None] * len(self.shards)
         failed, cause = [], ""
         for i, pending in started.items():

@@ -38,6 +38,11 @@ def track_missing() -> contextvars.Token:
     return _missing.set(set())
 
 
+def gone() -> set[int]:
+    """The shards this search has gone without so far (not asked again in it)."""
+    return set(_missing.get() or ())
+
+
 def missing_shards(token: contextvars.Token) -> list[int]:
     """The shards the search went without, and stop noting them."""
     found = sorted(_missing.get() or ())
