@@ -87,7 +87,14 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     doors["writable"] = not s.read_only
     if settings.serving.worker_count() > 1:
+        from engine.store.index_dir import read_manifest
         from serving.workers import run_workers
+
+        if shards := read_manifest(settings.engine.index_dir).shards:
+            raise ValueError(
+                f"{settings.engine.index_dir} is in {shards} shards: serve it in one process (--workers 1) or on Ray"
+                " (--ray), not with --workers"
+            )
 
         run_workers(settings, **doors)
     else:

@@ -40,7 +40,7 @@ from engine.rerank.batching import score_rows
 from engine.rerank.loading import open_reranker
 from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
-from engine.search.shard import LocalShard
+from engine.search.shard import ENCODED, LocalShard
 from engine.shards.opened import SHARD_ONLY, shard_settings
 from engine.shards.writes import ShardedWriter
 from engine.store.index_dir import read_manifest, shard_dir
@@ -127,7 +127,9 @@ class ShardReplica:
         engine_settings = shard_settings(settings.engine, settings.engine.index_dir, shard)
         timeout = settings.serving.query_timeout_s
         follow = RemoteWriter(RayTransport(writer, f"writer of shard {shard}"), timeout) if writer else None
-        self.shard = LocalShard(HybridEngine(engine_settings, follow=follow))
+        engine = HybridEngine(engine_settings, follow=follow, encoder=ENCODED, query_encoder=ENCODED)
+        engine.warm_up(settings.engine.warmup_searches)  # the JVM compiles Lucene's search path before queries come
+        self.shard = LocalShard(engine)
 
     async def statistics(self, text: str):
         return await asyncio.to_thread(self.shard.statistics, text)

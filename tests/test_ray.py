@@ -1,17 +1,15 @@
-"""``serve --ray`` and ``build --ray`` on a real local Ray cluster: the same answers through every
-door as the single process, and the same index as a local build."""
+"""``serve --ray`` on a real local Ray cluster: the same answers through every door as the single
+process (``build --ray``, its encoding on Ray Data and its shards as Ray tasks: tests/test_ray_shards.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import subprocess
 import sys
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 from engine.rerank.cross_encoder import native_bf16
@@ -138,30 +136,6 @@ def test_ray_acknowledged_write_survives_the_writer_replica_dying(ray_server):
     while _everywhere(url, "axolotl gill regeneration") != {True} and time.time() < deadline:
         time.sleep(0.5)
     assert _everywhere(url, "axolotl gill regeneration") == {True}
-
-
-def test_build_on_ray_writes_the_local_build(beir_dir, index_dir, tmp_path):
-    """Four parts through one Ray pipeline, their vectors written by its actors: the local index."""
-    import faiss
-
-    target = tmp_path / "on-ray"
-    run = subprocess.run(
-        [sys.executable, "-m", "cli.main", "build", "--ray", "--data", str(beir_dir), "--index-dir", str(target)]
-        + ["--device", "cpu", "--part-chunks", "8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "chunks on Ray: done, 4 parts" in run.stderr
-    timings = {"build_seconds", "built_at"}
-    local, on_ray = (json.loads((d / "manifest.json").read_text()) for d in (index_dir, target))
-    assert {k: v for k, v in local.items() if k not in timings} == {k: v for k, v in on_ray.items() if k not in timings}
-    vectors = [faiss.read_index(str(d / "dense.faiss")) for d in (index_dir, target)]
-    # batches cut within each part pad with other neighbours than one part's: the same vectors to float noise
-    assert np.allclose(*(np.vstack([ix.reconstruct(i) for i in range(ix.ntotal)]) for ix in vectors), atol=1e-6)
-    shutil.rmtree(target)
 
 
 def test_more_replicas_than_the_local_cluster_can_place_is_refused(index_dir):

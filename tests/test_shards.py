@@ -184,3 +184,34 @@ def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(shard
         for shard in local:
             shard.close()
         here.close()
+
+
+def test_serve_answers_from_a_sharded_index_and_routes_its_writes(sharded_dir, tmp_path):
+    """``serve`` (one process) on a sharded index: REST searches, a write to its document's shard,
+    /health naming the shards; ``--workers 2`` is refused with the way to serve it."""
+    import shutil
+
+    import httpx
+
+    from offline.server_process import free_port, serve_args, start_server, stop_server
+    from tests.helpers import fails_to_serve
+
+    copy = tmp_path / "index"
+    shutil.copytree(sharded_dir, copy)
+    port = free_port()
+    args = serve_args(copy, port, "--warmup-searches", "300")
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", tmp_path / "serve.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        reply = httpx.post(f"{url}/search", json={"query": "soy and breast cancer", "top_k": 3}).json()
+        assert reply["results"] and "missing_shards" not in reply
+        body = {"document_id": "okapi-9", "chunks": [{"chunk_id": "c", "content": "okapi forest giraffe"}]}
+        assert httpx.post(f"{url}/documents?refresh=wait_for", json=body, timeout=60).status_code == 201
+        found = httpx.post(f"{url}/search", json={"query": "okapi forest giraffe", "top_k": 1}).json()["results"]
+        assert found[0]["document_id"] == "okapi-9"
+        health = httpx.get(f"{url}/health").json()
+        assert [s["shard"] for s in health["shards"]] == list(range(SHARDS)) and health["documents"] == 33
+    finally:
+        assert stop_server(proc) == 0
+    assert DocStore(shard_dir(copy, shard_of("okapi-9", SHARDS)) / DOCS_FILE).document("okapi-9") is not None
+    assert "not with --workers" in fails_to_serve(["serve", "--index-dir", str(copy), "--workers", "2"])

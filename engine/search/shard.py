@@ -28,6 +28,22 @@ if TYPE_CHECKING:
     from engine.search import HybridEngine
 
 
+class QueriesComeEncoded:
+    """A shard replica's encoders: none. Its queries arrive as vectors (encoded once, by whoever
+    asks), and its writer, not it, encodes new documents; loading the models would only cost each
+    replica their memory and its start."""
+
+    runtime = "none: a shard's queries come encoded"
+
+    def __call__(self, text: str) -> np.ndarray:
+        raise RuntimeError("a shard replica encodes nothing: its queries come encoded")
+
+    encode = __call__
+
+
+ENCODED = QueriesComeEncoded()
+
+
 class LocalShard:
     """A shard's engine (read-only, or following the shard's writer), asked by a sharded search."""
 
