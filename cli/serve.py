@@ -87,10 +87,14 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     doors["writable"] = not s.read_only
     if settings.serving.worker_count() > 1:
-        from engine.store.index_dir import read_manifest
+        from engine.store.index_dir import IndexDirError, read_manifest
         from serving.workers import run_workers
 
-        if shards := read_manifest(settings.engine.index_dir).shards:
+        try:
+            shards = read_manifest(settings.engine.index_dir).shards
+        except IndexDirError:  # a worker says what is wrong with it, as for one process
+            shards = 0
+        if shards:
             raise ValueError(
                 f"{settings.engine.index_dir} is in {shards} shards: serve it in one process (--workers 1) or on Ray"
                 " (--ray), not with --workers"

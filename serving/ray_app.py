@@ -94,8 +94,8 @@ class WriterReplica:
     some, which is what the search replicas follow (:mod:`engine.live.follower`)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.engine = HybridEngine(
-            settings.engine.model_copy(update={"rerank": False, "followed": True}), writable=True
+        self.engine = HybridEngine(  # it encodes documents, never a query
+            settings.engine.model_copy(update={"rerank": False, "followed": True}), writable=True, query_encoder=ENCODED
         )
 
         self.calls = writer_calls(self.engine.live)
