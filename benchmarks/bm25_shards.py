@@ -62,8 +62,7 @@ class LuceneShard:
     def bm25(self, query: Query, k: int, filters, weighted, average: float):
         if self.local:
             return self.index.retrieve(query, k, EVERYTHING)
-        self.index.match_lengths(average)
-        return self.index.retrieve(query, k, EVERYTHING, weighted)
+        return self.index.retrieve(query, k, EVERYTHING, weighted, average)
 
     def size(self) -> int:
         return self.index.documents

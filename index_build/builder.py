@@ -28,5 +28,5 @@ def build_index(
     if build.adapt == "full":
         raise AdaptError(FULL_MISSING)
     if build.shards > 1:
-        return build_sharded(settings, build, corpus, progress, ray, questions, release)
+        return build_sharded(settings, build, corpus, progress, ray, release)  # adapts nothing: no questions
     return build_one_index(settings, build, corpus, progress, ray, questions, release)

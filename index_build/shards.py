@@ -107,7 +107,6 @@ def build_sharded(
     corpus: Corpus | None,
     progress: bool = True,
     ray: str | None = None,
-    questions=None,
     release: bool = False,
 ) -> Manifest:
     """The sharded index of ``corpus`` at ``settings.index_dir`` (the arguments as
@@ -139,6 +138,8 @@ def build_sharded(
         "chunking": [build.chunk_words, build.chunk_overlap_words],
         "vectors": vectors_key(build.vectors),
         "format": FORMAT_VERSION,
+        "dense_index": [build.dense_index, build.hnsw_m],  # a finished shard is kept: only one built alike
+        "bm25": [settings.bm25_k1, settings.bm25_b],
     }
     with BuildFolder.open(target, key) as work:
         tmp = work.path / "index"

@@ -14,8 +14,9 @@ an answer that says which shards it lacks (:mod:`engine.shards.fanout`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,16 +26,19 @@ from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairRow
 from engine.retrieval.encoder import resolve_model
 from engine.settings import EngineSettings
-from engine.shards.fanout import Shards, gone
+from engine.shards.fanout import Shards, ShardUnavailable, gone
 from serving.admission import Overloaded
 from serving.transport import Transport, Unreachable
+
+if TYPE_CHECKING:
+    from engine.live.writer import LiveIndex
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # what a refused write says: about a writer's restart on a small machine
 STATUS_TIMEOUT_S = 2.0
 
 
-def writer_calls(live) -> dict[str, Callable[..., Any]]:
+def writer_calls(live: LiveIndex) -> dict[str, Callable[..., Any]]:
     """What a writer answers :class:`RemoteWriter` with (``live``: its :class:`~engine.live.writer.LiveIndex`)."""
     return {
         "upsert": lambda document, wait: live.upsert(DocumentIn.model_validate(document), wait),
@@ -133,23 +137,38 @@ class RemoteShards(Shards):
 
     def answers(self, name: str, args: Sequence[tuple | None]) -> list[Any]:
         skipped = gone()  # a shard this search already went without is not waited for again
-        asked = enumerate(zip(self.shards, args, strict=True))
-        started = {i: t.begin(name, *a) for i, (t, a) in asked if a is not None and i not in skipped}
+        todo = {i: a for i, a in enumerate(args) if a is not None and i not in skipped}
         found: list[Any] = [None] * len(self.shards)
-        failed, cause = [], ""
+        failed = self._gathered(name, todo, found)
+        if failed:  # the replica that failed is not the only one: Serve routes the calls again
+            failed = self._gathered(name, {i: todo[i] for i in failed}, found)
+        if failed:
+            log.warning("shards %s did not answer %s (%s)", sorted(failed), name, "; ".join(failed.values()))
+            self.went_without(sorted(failed), next(iter(failed.values())))
+        return found
+
+    def _gathered(self, name: str, todo: dict[int, tuple], found: list[Any]) -> dict[int, str]:
+        """Every call of ``todo`` started, then all waited for within one ``timeout_s``; the shards that
+        did not answer, and why."""
+        started = {i: self.shards[i].begin(name, *a) for i, a in todo.items()}
+        deadline, failed = time.monotonic() + self.timeout_s, {}
         for i, pending in started.items():
             try:
-                found[i] = pending.result(self.timeout_s)
-            except Unreachable:
-                try:  # the replica that failed is not the only one: Serve routes the retry
-                    found[i] = self.shards[i].call(name, *args[i], timeout_s=self.timeout_s)
-                except Unreachable as exc:
-                    failed.append(i)
-                    cause = str(exc)
-        if failed:
-            log.warning("shards %s did not answer %s (%s)", failed, name, cause)
-            self.went_without(failed, cause)
-        return found
+                found[i] = pending.result(max(0.0, deadline - time.monotonic()))
+            except Unreachable as exc:
+                failed[i] = str(exc)
+        return failed
+
+    def one(self, shard: int, name: str, *args: Any) -> Any:
+        """Shard ``shard``'s answer (a document's), asked twice; a 503 when it does not answer, never
+        a "not found" in its place."""
+        try:
+            return self.shards[shard].call(name, *args, timeout_s=self.timeout_s)
+        except Unreachable:
+            try:
+                return self.shards[shard].call(name, *args, timeout_s=self.timeout_s)
+            except Unreachable as exc:
+                raise ShardUnavailable([shard], str(exc)) from None
 
     def status(self) -> list[dict]:
         found = []

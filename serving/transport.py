@@ -12,13 +12,11 @@ call without waiting, so that a query asks every shard at once and waits for the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from engine.errors import ServiceError
 from serving.worker_channel import Channel, WorkerUnreachable, call
-
-log = logging.getLogger(__name__)
 
 
 class Unreachable(ConnectionError):
@@ -77,10 +75,14 @@ class _RayStarted:
         try:
             return self.response.result(timeout_s=timeout_s)
         except RayTaskError as exc:
-            if isinstance(exc.cause, Exception) and not isinstance(exc.cause, RayError):
+            if isinstance(exc.cause, ServiceError):
                 raise exc.cause from None  # DocumentNotFound, StorageFull...: the doors phrase them
-            raise Unreachable(f"{self.name}: {type(exc.cause).__name__}") from None
-        except (RayError, TimeoutError) as exc:  # the replica died (Serve starts another) or outlasted the limit
+            # anything else (a replica draining, its engine closed) is the replica's, not the call's
+            raise Unreachable(f"{self.name}: {type(exc.cause).__name__}: {exc.cause}") from None
+        except TimeoutError:
+            self.response.cancel()  # a replica that hangs is not left a queue of calls nobody waits for
+            raise Unreachable(f"{self.name}: no answer within {timeout_s:g} s") from None
+        except RayError as exc:  # the replica died (Serve starts another)
             raise Unreachable(f"{self.name}: {type(exc).__name__}") from None
 
 

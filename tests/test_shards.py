@@ -174,6 +174,9 @@ def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(shard
         assert hits.missing_shards == [1] and hits
         assert all(shard_of(h.document_id, SHARDS) != 1 for h in hits)
         assert [s.get("reachable", True) for s in partial.shards.status()] == [True, False, True]
+        on_one = next(f"D-soy-{i}" for i in range(99) if shard_of(f"D-soy-{i}", SHARDS) == 1)
+        with pytest.raises(ShardUnavailable):  # its document: unknown now, not "not found"
+            partial.store.document(on_one)
         whole = HybridEngine(settings, shards=RemoteShards(transports, 5, False))
         with pytest.raises(ShardUnavailable, match="shard 1") as failed:
             whole.search("soy and breast cancer", 8)

@@ -139,6 +139,7 @@ class _View:
 
     def __init__(self, reader, searcher, documents: int) -> None:
         self.reader, self.searcher, self.documents, self.refs = reader, searcher, documents, 1
+        self.matched: dict[float, object] = {}  # a corpus's average length -> a searcher scoring by it
 
 
 class LuceneIndex:
@@ -172,7 +173,6 @@ class LuceneIndex:
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
         self.k1, self.b = float(k1), float(b)
         self._similarity = j.BM25Similarity(self.k1, self.b)
-        self._matched: tuple | None = None  # (average, view) match_lengths last set the similarity for
         self._writer = None
         try:
             if writable:
@@ -237,25 +237,33 @@ class LuceneIndex:
         ranking, further down until ``k`` of them are found (:meth:`_ranked_within`)."""
         return self._search_bag(self._bag(query), k, allowed)
 
-    def _search_bag(self, bag, k: int, allowed: Collection[str] | None) -> list[tuple[str, float]]:
+    def _search_bag(
+        self, bag, k: int, allowed: Collection[str] | None, average: float | None = None
+    ) -> list[tuple[str, float]]:
         if allowed is not None and not allowed:
             return []
         if allowed is not None and len(allowed) > self.filter_terms:
-            return self._ranked_within(bag, k, allowed)
-        return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k)
+            return self._ranked_within(bag, k, allowed, average)
+        return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k, average)
 
     def retrieve(
-        self, query: Query, k: int, within: Within, weighted: Sequence[tuple[str, float]] | None = None
+        self,
+        query: Query,
+        k: int,
+        within: Within,
+        weighted: Sequence[tuple[str, float]] | None = None,
+        average: float | None = None,
     ) -> Ranking:
         """:class:`~engine.retrieval.protocol.Retriever`: by the query's text, within the filter
         through this index's own fields when they hold it, only live chunks (Lucene's view lags the
-        store's when its refresh failed). ``weighted``: the query's terms with the weights a shard
-        scores them by, in place of its text (:class:`engine.shards.bm25.ShardedBM25`)."""
+        store's when its refresh failed). A shard (:class:`engine.shards.bm25.ShardedBM25`) is
+        given its query's terms ``weighted`` as the whole corpus weighs them, in place of its text,
+        and the corpus's ``average`` length to normalise lengths by (:meth:`_lengths_matched`)."""
         bag = self._bag(query.text, weighted)
         if within.filters is not None and (clauses := self._clauses(within.filters)) is not None:
-            hits = self._top(self._restricted(bag, clauses), k)
+            hits = self._top(self._restricted(bag, clauses), k, average)
         else:
-            hits = self._search_bag(bag, k, within.allowed)
+            hits = self._search_bag(bag, k, within.allowed, average)
         return live_only(hits, within.live)
 
     def _bag(self, text: str, weighted: Sequence[tuple[str, float]] | None = None):
@@ -306,22 +314,25 @@ class LuceneIndex:
             stats = view.searcher.collectionStatistics("contents")
             return (0, 0) if stats is None else (int(stats.docCount()), int(stats.sumTotalTermFreq()))
 
-    def match_lengths(self, average: float) -> None:
-        """Normalise lengths by ``average`` (a whole corpus's) rather than this index's own: BM25 with
-        ``k1' = k1 (1 - b + b r)`` and ``b' = b r / (1 - b + b r)``, ``r`` this index's average over
-        ``average``, equals BM25(k1, b) at that average for every length. Set again only when
-        ``average`` or this index's view changed (a refresh after writes)."""
-        if self._matched == (average, self._view):
-            return
-        docs, length = self.collection()
-        r = length / docs / average if docs and average else 1.0
-        k1, b = self.k1, self.b
-        scale = 1 - b + b * r
-        self._similarity = self.j.BM25Similarity(float(k1 * scale), float(b * r / scale))
-        view = self._view
+    def _lengths_matched(self, view: _View, average: float):
+        """``view``'s searcher normalising lengths by ``average`` (a whole corpus's) rather than the
+        view's own: BM25 with ``k1' = k1 (1 - b + b r)`` and ``b' = b r / (1 - b + b r)``, ``r`` the
+        view's average over ``average``, equals BM25(k1, b) at that average for every length. A
+        searcher of its own, so that searches side by side never score with each other's; made once
+        for an average (which moves only with writes) and kept with the view."""
+        found = view.matched.get(average)
+        if found is not None:
+            return found
+        j = self.j
         with _calls:
-            view.searcher.setSimilarity(self._similarity)
-        self._matched = (average, view)
+            stats = view.searcher.collectionStatistics("contents")
+            docs, length = (0, 0) if stats is None else (int(stats.docCount()), int(stats.sumTotalTermFreq()))
+            r = length / docs / average if docs and average else 1.0
+            scale = 1 - self.b + self.b * r
+            searcher = j.IndexSearcher(view.reader, signature="(Lorg/apache/lucene/index/IndexReader;)V")
+            searcher.setSimilarity(j.BM25Similarity(float(self.k1 * scale), float(self.b * r / scale)))
+        view.matched = {average: searcher}  # the latest average only
+        return searcher
 
     def _clauses(self, filters: Filters) -> list | None:
         """``filters`` as Lucene queries on the chunks' own terms, or None where one condition is on
@@ -343,14 +354,17 @@ class LuceneIndex:
             clauses.append(j.TermRangeQuery.newStringRange(DATE, start, end, True, True))
         return clauses
 
-    def _top(self, query, k: int) -> list[tuple[str, float]]:
+    def _top(self, query, k: int, average: float | None = None) -> list[tuple[str, float]]:
         j = self.j
         with self._pinned() as view:
-            top = j.search_handle.invokeWithArguments(view.searcher, query, j.Integer(int(k)), j.sort, j.with_scores)
-            hits = j.ScoredDocs.fromTopDocs(top, view.searcher)  # each hit's stored id, read in Java
+            searcher = view.searcher if average is None else self._lengths_matched(view, average)
+            top = j.search_handle.invokeWithArguments(searcher, query, j.Integer(int(k)), j.sort, j.with_scores)
+            hits = j.ScoredDocs.fromTopDocs(top, searcher)  # each hit's stored id, read in Java
             return list(zip(hits.docids, hits.scores, strict=True))
 
-    def _ranked_within(self, bag, k: int, allowed: Collection[str]) -> list[tuple[str, float]]:
+    def _ranked_within(
+        self, bag, k: int, allowed: Collection[str], average: float | None = None
+    ) -> list[tuple[str, float]]:
         """A wide filter's top ``k``: a filter adds nothing to a score, so the filtered ranking is
         the unfiltered one with the others left out. It is read to a depth that should hold ``k``
         allowed hits at the filter's share of the index, four times deeper while it does not, and
@@ -358,12 +372,12 @@ class LuceneIndex:
         share, deepest = len(allowed) / max(self.documents, 1), self.filter_depth
         depth = min(deepest, max(k, int(1.5 * k / max(share, 1e-9))))
         while True:
-            hits = self._top(bag, depth)
+            hits = self._top(bag, depth, average)
             kept = [hit for hit in hits if hit[0] in allowed]
             if len(kept) >= k or len(hits) < depth:
                 return kept[:k]
             if depth >= deepest:
-                return self._top(self._filtered(bag, allowed), k)
+                return self._top(self._filtered(bag, allowed), k, average)
             depth = min(deepest, depth * 4)
 
     def _filtered(self, bag, allowed: Collection[str]):

@@ -98,7 +98,9 @@ class HybridEngine:
                 f"{index_dir}: an index in {self.manifest.shards} shards is served by one process (`serve`) or on"
                 " Ray (`serve --ray`), not by `serve --workers N`"
             )
-        writer_lock = claim_writer(index_dir) if writable else None
+        writer_lock = (
+            claim_writer(index_dir) if writable and not self.manifest.shards else None
+        )  # a shard claims its own
         self.device = pick_device(settings.device)
         self.retrieval_device = retrieval_device = (
             self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
@@ -113,13 +115,7 @@ class HybridEngine:
         )
         if self.manifest.shards:
             if shards is None:  # each shard's engine here, sharing this one's encoders
-                engines = [
-                    HybridEngine(
-                        shard_settings(settings, index_dir, i), writable, encoder=encoder, query_encoder=query_encoder
-                    )
-                    for i in range(self.manifest.shards)
-                ]
-                shards = Shards([LocalShard(engine) for engine in engines])
+                shards = Shards([LocalShard(engine) for engine in self._open_shards(writable, encoder, query_encoder)])
             backend = shards.shards[0].engine.dense.backend if isinstance(shards.shards[0], LocalShard) else "remote"
             self.view: IndexView = sharded_view(index_dir, self.manifest, shards, encoder, query_encoder, backend)
             self.allowed = self.view.dense.allowed  # each shard filters its own chunks
@@ -165,6 +161,20 @@ class HybridEngine:
             self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
+
+    def _open_shards(self, writable: bool, encoder, query_encoder) -> list[HybridEngine]:
+        """Every shard's engine; those opened are closed again when one cannot open (its writer's lock
+        and threads would otherwise outlive the failure)."""
+        engines: list[HybridEngine] = []
+        try:
+            for i in range(self.manifest.shards):
+                shard = shard_settings(self.settings, Path(self.settings.index_dir), i)
+                engines.append(HybridEngine(shard, writable, encoder=encoder, query_encoder=query_encoder))
+        except BaseException:
+            for engine in engines:
+                engine.close()
+            raise
+        return engines
 
     # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)
     @property

@@ -72,8 +72,7 @@ class LocalShard:
         self._caught_up()
         engine = self.engine
         with engine.view_lock.reading():
-            engine.bm25.match_lengths(average)
-            return engine.bm25.retrieve(query, k, self._within(filters), weighted)
+            return engine.bm25.retrieve(query, k, self._within(filters), weighted, average)
 
     def dense(self, query: Query, k: int, filters: Filters | None) -> list[tuple[str, float, int]]:
         """The shard's top ``k`` by the query's vector: (unit id, score, row)."""

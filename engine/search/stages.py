@@ -115,8 +115,8 @@ def _run_stages(
             fused = rrf
         depth = max(rerank_depth, top_k)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
-        if engine.follower is not None:  # the shared store may have dropped what this view still holds
-            fused = _held(engine, fused, depth, chunks)
+        if engine.follower is not None or engine.shards is not None:  # a store ahead of the view, or a
+            fused = _held(engine, fused, depth, chunks)  # shard's writes or loss since it answered
         head = [d for d, _ in fused[:depth]] if fusion is None or fusion.calibration is None else []
         cosines = dict(zip(head, engine.dense.similarity(vector, head), strict=True))
         watch.lap("fusion")

@@ -3,7 +3,7 @@
 
 A shard's BM25 differs from the whole index's only through its statistics: each term's idf
 (chunks holding it over all chunks) and the average length in the length normalisation. Each shard
-is searched with a similarity whose normalisation is the whole's (:meth:`LuceneIndex.match_lengths`),
+is searched with a similarity whose normalisation is the whole's (``LuceneIndex._lengths_matched``),
 and each query term weighted ``boost * idf_whole / idf_shard``, from the shards' counts summed for
 the query (one round of calls before the search). Scores then equal one index's to float rounding
 (measured: docs/ray.md), and the merge orders them as one index does (:func:`by_score_then_id`).

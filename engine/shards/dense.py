@@ -63,8 +63,9 @@ class ShardedDense:
         return self.ranked(Query("", vector), k, None)
 
     def similarity(self, vector: np.ndarray, unit_ids: list[str]) -> list[float]:
-        """Cosine of the query and each chunk, from the shard holding it."""
+        """Cosine of the query and each chunk, from the shard holding it (0 for one no shard holds
+        now: written away since it was found)."""
         found: dict[str, float] = {}
         for answer in self.shards.ask("similarity", vector, unit_ids):
             found.update(answer or {})
-        return [found[unit] for unit in unit_ids]
+        return [found.get(unit, 0.0) for unit in unit_ids]

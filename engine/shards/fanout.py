@@ -1,6 +1,6 @@
 """A call to every shard, and what a search does when a shard cannot answer.
 
-In one process the shards answer one after another. Remote shards (``serving/ray_shards.py``) are
+In one process the shards answer one after another. Remote shards (``serving/remotes.py``) are
 asked all at once and waited for together; a shard that fails its call after its retry raises
 :class:`ShardUnavailable`. With ``partial`` results allowed, the search goes on with the shards
 that answered and the shards missing are noted for the answer to say (:func:`missing_shards`);
@@ -82,7 +82,7 @@ class Shards:
 
     def went_without(self, failed: Sequence[int], cause: str) -> None:
         """``failed`` did not answer: noted for a partial answer, else the search fails (503)."""
-        if not self.partial or len(failed) == len(self.shards):
+        if not self.partial or len(set(failed) | gone()) == len(self.shards):
             raise ShardUnavailable(failed, cause)
         noted = _missing.get()
         if noted is not None:
