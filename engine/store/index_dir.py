@@ -83,7 +83,10 @@ class Manifest:
         return self.name or default[0], self.description or default[1]
 
     def write(self, index_dir: Path) -> None:
-        (index_dir / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        fields = asdict(self)
+        if not fields["shards"]:  # an index in one piece reads as it did before shards (older readers too)
+            del fields["shards"]
+        (index_dir / MANIFEST_FILE).write_text(json.dumps(fields, indent=2) + "\n")
 
 
 def read_manifest(index_dir: Path) -> Manifest:
