@@ -72,7 +72,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ValueError("--ray serves MCP + REST and A2A on one port; leave out --no-mcp, --no-a2a and --mcp-url")
     if ray and settings.security.tls_cert is not None:
         raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
-    if ray and s.workers > 1:
+    if ray and s.workers != 1:
         raise ValueError("--ray scales with --search-replicas, not --workers: leave out --workers")
     doors = {"mcp": s.mcp, "a2a": s.a2a, "mcp_url": s.mcp_url}
     ports = {"mcp": s.mcp_port} if ray else door_ports(settings, **doors)  # Ray: one port

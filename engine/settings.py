@@ -135,10 +135,16 @@ class EngineSettings(BaseModel):
         RERANK_BATCH_TOKENS,
         ge=1,
         description="token budget of one cross-request rerank batch (text-embeddings-inference's max-batch-tokens):"
-        " concurrent queries' pairs are gathered until their tokens would pass it, then scored together in"
-        " length-sorted passes of --rerank-batch-size pairs; tokens, not pairs, because a pair's cost grows with"
-        " its length. More: fuller GPU passes under load, each query waiting on a longer batch. Default: 1,024"
+        " concurrent queries' pairs are gathered until their tokens would pass it, then scored together (on CUDA"
+        " in one pass, elsewhere in length-sorted passes of --rerank-batch-size pairs); tokens, not pairs, because"
+        " a pair's cost grows with its length. More: fuller GPU passes under load, each query waiting on a longer batch. Default: 1,024"
         " pairs of 256 tokens",
+    )
+    rerank_cuda_graphs: bool = Field(
+        True,
+        description="on CUDA, each gathered rerank batch runs as one pass replayed from a CUDA graph captured at"
+        " start for its size bucket (no compiler needed); off: the same one pass, eager. A capture that fails"
+        " leaves it eager, and /health says why",
     )
     rerank_compile: bool = Field(
         False,

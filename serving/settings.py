@@ -14,7 +14,7 @@ import os
 import sys
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
@@ -68,12 +68,10 @@ class ServingSettings(BaseModel):
     mcp_url: MaybeStr = Field(None, description="the A2A agent searches through this MCP server, not in-process")
     read_only: bool = Field(False, description="refuse document writes (POST/DELETE /documents, the write tools)")
     build_if_missing: bool = Field(False, description="serve: build the index from --data first if it is absent")
-    workers: int = Field(
+    workers: Annotated[int, Field(ge=0, le=MAX_WORKERS)] | Literal["auto"] = Field(
         1,
-        ge=0,
-        le=MAX_WORKERS,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
-        " each gets cores / N threads; 0 = one for every two cores (8 on 16). Past one, MCP is stateless, rate"
+        " each gets cores / N threads; auto (or 0) = one for every two cores (8 on 16). Past one, MCP is stateless, rate"
         " limits are per process, and each holds its own copy of the engine (docs/configuration.md)",
     )
     shared_reranker: Literal["auto", "on", "off"] = Field(
@@ -92,7 +90,9 @@ class ServingSettings(BaseModel):
 
     def worker_count(self) -> int:
         """``workers``, with 0 resolved from the cores this process may use."""
-        return self.workers or min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0)) // 2))
+        if self.workers in ("auto", 0):
+            return min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0)) // 2))
+        return self.workers
 
 
 class SecuritySettings(BaseModel):

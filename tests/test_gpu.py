@@ -34,6 +34,19 @@ def test_the_compiled_reranker_scores_as_eager_fp16_without_compiling_at_request
     assert scores == pytest.approx(eager, abs=2e-3)
 
 
+def test_one_pass_replayed_from_cuda_graphs_scores_as_the_split_passes(reranker_dir, beir_dir):
+    """The served CUDA path (one pass a batch, pinned, graphs) against the 128-row passes it replaced."""
+    from engine.rerank.cross_encoder import Reranker
+    from offline.dataset import load_dataset
+
+    docs = [d.contents for d in load_dataset(beir_dir).corpus.values()] * 3
+    graphs = Reranker(reranker_dir, "cuda", max_length=128)
+    assert graphs.backend.passes_state.startswith("graphs: "), graphs.backend.passes_state
+    split = Reranker(reranker_dir, "cuda", max_length=128)
+    split.backend.passes = None
+    assert graphs.score("caffeine and the liver", docs) == pytest.approx(split.score("caffeine and the liver", docs), abs=2e-3)
+
+
 def test_a_compile_that_fails_leaves_the_reranker_eager_and_says_why(reranker_dir, beir_dir, tmp_path):
     """No C compiler for Triton's launcher (as in an image without one), fresh caches so nothing
     compiled earlier is reused: the reranker loads, scores as eager, and its state names the cause."""
@@ -99,7 +112,7 @@ def test_out_of_memory_halves_the_batch_and_never_fails_the_request(reranker_dir
 
     docs = [d.contents * 8 for d in load_dataset(beir_dir).corpus.values()]
     cpu = Reranker(reranker_dir, "cpu", max_length=256, runtime="torch").score("caffeine and the liver", docs)
-    gpu = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32)
+    gpu = Reranker(reranker_dir, "cuda", max_length=256, batch_size=32, cuda_graphs=False)  # graphs hold their memory
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_allocated() / total)
@@ -108,6 +121,7 @@ def test_out_of_memory_halves_the_batch_and_never_fails_the_request(reranker_dir
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert len(scores) == len(docs) and gpu.batch_size < 32
+    assert gpu.backend.passes_state == "off: out of GPU memory"  # the one pass gave way to halved passes
     assert "GPU out of memory" in caplog.text
     order = lambda s: sorted(range(len(s)), key=lambda i: -s[i])[:5]  # noqa: E731
     assert order(scores) == order(cpu)

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks.gpu_kit.pack import JAR_KEEP, cut_jar, wanted_wheels, write_parts, xz_folder
 from benchmarks.gpu_kit.plan import (
+    BARE,
     BATCHES,
     COMMAND_CHARS,
     COMMAND_SECONDS,
@@ -42,11 +43,11 @@ def test_a_part_and_the_tracked_tree_fit_one_transfer():
 def test_every_call_is_short_enough_and_the_plan_fits_a_lease():
     """Each batch's stage timeouts fit one command; the plan's total, the machine's start and the
     gaps between calls included, fits the lease with room; the serving figures come first."""
-    for batch in BATCHES + OPTIONAL:
+    for batch in (BARE, *BATCHES, *OPTIONAL):
         assert len(device_command(batch)) <= COMMAND_CHARS
         assert sum(stage(name).timeout_s for name in batch) < COMMAND_SECONDS
         assert all(stage(name).minutes * 60 < stage(name).timeout_s for name in batch)
-    assert {name for batch in BATCHES + OPTIONAL for name in batch} == {s.name for s in STAGES}
+    assert {name for batch in (BARE, *BATCHES, *OPTIONAL) for name in batch} == {s.name for s in STAGES}
     for parts in (1, 4):
         assert sum(plan_minutes(parts)) <= LEASE_MINUTES
         assert f"call {parts + len(BATCHES) - 1}" in describe(parts) and f"part-{parts}" in describe(parts)

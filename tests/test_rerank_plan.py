@@ -72,8 +72,8 @@ pairs = [("caffeine and the liver", "coffee drinkers had lower liver enzymes"), 
 rows = tokenize.rows(pairs)
 lengths = [len(q) + len(p) for q, p in pairs]
 plan = RerankPlan(device="cpu", backend="torch", precision="fp32", compile=False, first_token=False)
-eager = TorchBackend(model, plan, 8, 64, tokenize.pad_id).logits(rows, lengths)
-backend = TorchBackend(model, RerankPlan(**{{**plan.__dict__, "compile": True}}), 8, 64, tokenize.pad_id)
+eager = TorchBackend(model.transformers_model, plan, 8, 64, tokenize.pad_id).logits(rows, lengths)
+backend = TorchBackend(model.transformers_model, RerankPlan(**{{**plan.__dict__, "compile": True}}), 8, 64, tokenize.pad_id)
 print(backend.compile_state)
 assert np.allclose(backend.logits(rows, lengths), eager, atol=1e-4), "compiled or not, the same logits"
 """

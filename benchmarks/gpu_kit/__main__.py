@@ -12,9 +12,11 @@ from pathlib import Path
 from benchmarks.gpu_kit.plan import BATCHES, KIT_DIR, LEASE_MINUTES, MANIFEST, REHEARSED, STAGES, describe, plan_minutes
 
 HTTP_CLIENTS = (1, 64, 8)
-# the new stages' sizes on the GPU, and in the CPU rehearsal (`rehearse`), which runs them small
-FULL = {"workers": 4, "clients": HTTP_CLIENTS, "queries": None, "compiled_queries": 50}
-SMALL = {"workers": 2, "clients": (1, 4), "queries": 40, "compiled_queries": 8}
+# the new stages' sizes on the GPU, and in the CPU rehearsal (`rehearse`), which runs them small;
+# "many": the load level asked at least "many_queries" times (the dev queries over again)
+FULL = {"workers": "auto", "clients": HTTP_CLIENTS, "queries": None, "compiled_queries": 50, "many_queries": 1000}
+SMALL = {"workers": "2", "clients": (1, 4), "queries": 40, "compiled_queries": 8, "many_queries": 80}
+SERVED_WINDOW = 128  # tokens a pair of the reranker the product serves (train-reranker's CPU recipe)
 
 
 def check(out: Path) -> int:
@@ -46,14 +48,14 @@ def check(out: Path) -> int:
 
 def _reranker() -> tuple[str, int | None]:
     """The index's reranker (its own length), or on a machine that trained none an untrained MiniLM
-    cross-encoder at the GPU recipe's 256 tokens: the same compute."""
+    cross-encoder at the served reranker's 128 tokens: its shape, so the same compute (until
+    2026-11-28 the GPU recipe's 256 tokens, twice the work a pair of what is served)."""
     index_reranker = Path(os.environ["HYBRID_SEARCH_INDEX_DIR"]) / "reranker"
     if index_reranker.is_dir():
         return str(index_reranker), None
     from engine.retrieval.encoder import DEFAULT_ENCODER, resolve_model
-    from index_build.train_reranker import TRAIN_MAX_LENGTH
 
-    return resolve_model(DEFAULT_ENCODER), TRAIN_MAX_LENGTH
+    return resolve_model(DEFAULT_ENCODER), SERVED_WINDOW
 
 
 def _reranker_args() -> list[str]:
@@ -92,6 +94,7 @@ SERVING = {  # stage -> (name of its results, one reranker process, serve's othe
     "shared": ("workers-shared-reranker", True, ()),  # the workers encode queries and search on the CPU
     "shared-gpu-encoder": ("workers-shared-reranker-gpu-encoder", True, ("--shared-query-encoder", "on")),
     "workers": ("workers-own-reranker", False, ()),
+    "no-rerank": ("workers-no-rerank", False, ("--no-rerank",)),  # the host's ceiling: at the most clients only
 }
 
 
@@ -126,21 +129,24 @@ def serving(out: Path, stage: str, small: bool) -> int:
     scale = SMALL if small else FULL
     name, shared, flags = SERVING[stage]
     queries = _dev_queries(scale["queries"])
+    many = queries * -(-scale["many_queries"] // len(queries))
+    levels = scale["clients"][-1:] if stage == "no-rerank" else scale["clients"]
     port = free_port()
-    args = ["serve", "--mcp-port", str(port), "--no-a2a", "--workers", str(scale["workers"])]
+    args = ["serve", "--mcp-port", str(port), "--no-a2a", "--workers", scale["workers"]]
     args += ["--shared-reranker", "on" if shared else "off", *_reranker_args(), "--rerank-depth", "100"]
     args += ["--rerank-cache-size", "0"]  # every query scored: the runs repeat the queries the warm-up asked
     args += flags
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     server = start_server(args, f"{url}/health", out / f"{name}-server.log")
-    report: dict = {"workers": scale["workers"], "shared_reranker": shared, "start_s": 0.0, "runs": []}
+    report: dict = {"workers": scale["workers"], "shared_reranker": shared, "flags": list(flags), "runs": []}
     try:
         report["start_s"] = round(time.perf_counter() - started, 1)
         bench_http("rest", f"{url}/search_nfcorpus", queries[:40], [8])  # warm-up: every worker, every bucket
-        for clients in scale["clients"]:
+        for clients in levels:
             before, process_before = _stage_seconds(url), _process(url)
-            run = bench_http("rest", f"{url}/search_nfcorpus", queries, [clients])["runs"][0]
+            asked = many if clients == max(scale["clients"]) else queries
+            run = bench_http("rest", f"{url}/search_nfcorpus", asked, [clients])["runs"][0]
             after, process_after = _stage_seconds(url), _process(url)
             run["stage_ms_mean"] = {
                 stage: round(1000 * (total - before.get(stage, (0, 0))[0]) / (count - before.get(stage, (0, 0))[1]), 2)
@@ -155,7 +161,8 @@ def serving(out: Path, stage: str, small: bool) -> int:
                     "batches": batches,
                     "pairs_per_batch": round(pairs / max(batches, 1), 1),
                     "model_ms_per_batch": round(1000 * seconds / max(batches, 1), 2),
-                    "model_ms_per_query": round(1000 * seconds / max(len(queries), 1), 2),
+                    "model_ms_per_query": round(1000 * seconds / max(len(asked), 1), 2),
+                    "pairs_per_s_busy": round(pairs / max(seconds, 1e-9)),
                 }
             report["runs"].append(run)
             print(json.dumps(run), flush=True)
@@ -256,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     rh.add_argument("--stages", default=",".join(REHEARSED), help="comma-separated (default: all of them)")
     _where(rh, "rehearse", chosen)
     rh.add_argument("--out", type=Path, required=True, help="where each stage's log and results go")
-    for verb in ("check", "http", *REHEARSED):
+    for verb in ("check", "http", "micro", *REHEARSED):
         stage_parser = sub.add_parser(verb, help=f"(a stage of run) {verb}")
         stage_parser.add_argument("--out", type=Path, required=True)
-        if verb in REHEARSED:
+        if verb in (*REHEARSED, "micro"):
             stage_parser.add_argument("--small", action="store_true", help="the rehearsal's sizes, on a CPU")
     args = p.parse_args(argv)
     if args.verb == "plan":
@@ -293,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         return rehearse([s for s in args.stages.split(",") if s], args.index_dir, args.data_dir, args.out)
     if args.verb == "compiled":
         return compiled(args.out, args.small)
+    if args.verb == "micro":
+        from benchmarks.gpu_kit.micro import micro
+
+        return micro(args.out, args.small)
     if args.verb == "dense":
         from benchmarks.gpu_kit.dense import dense
 

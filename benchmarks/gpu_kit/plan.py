@@ -30,9 +30,11 @@ class Stage:
 
 
 STAGES = (  # minutes as measured on an H100: 2026-11-24 (benchmarks/results/h100/), 2026-11-26 (h100-serving/),
-    # 2026-11-27 (h100-1127/)
-    Stage("shared", 1.4, 165, "serve --workers 4, one reranker process for every worker's pairs: REST at 1, 64, 8"),
+    # 2026-11-27 (h100-1127/); micro and no-rerank estimated (never run on a GPU before 2026-11-28)
+    Stage("micro", 2.5, 240, "the reranker's passes, random MiniLM shapes: split, one pass, graphs, a profile"),
+    Stage("shared", 2.0, 200, "serve --workers auto, the served reranker's shape at 128 tokens: REST at 1, 64, 8"),
     # (since 2026-11-26 the workers of `shared` encode and search on the CPU: the layout measured best)
+    Stage("no-rerank", 0.7, 100, "serve --workers auto --no-rerank at 64 clients: the host's own ceiling"),
     Stage("compiled", 0.7, 100, "the served reranker eager and compiled: model ms apart from pairs, graphs a bucket"),
     Stage("shared-gpu-encoder", 1.1, 140, "shared, the reranker process also encoding every worker's queries"),
     Stage("workers", 1.3, 165, "serve --workers 4, each worker with its own reranker: REST at 1, 64 and 8 clients"),
@@ -46,22 +48,31 @@ STAGES = (  # minutes as measured on an H100: 2026-11-24 (benchmarks/results/h10
     Stage("dense", 4.2, 360, "dense search at 1M and 10M vectors: torch and faiss-gpu against the CPU's IVF"),
 )
 INSTALL_MINUTES = 0.2
-# After the parts, the serving figures first (the call that also installs), then the checks; the
-# rest only when a lease has time left (OPTIONAL: not in the plan's total; shared-gpu-encoder there
-# since it was measured and not adopted).
-BATCHES = (("shared", "compiled", "workers"), ("check", "tests"))
-OPTIONAL = (("train",), ("evaluate", "rerank"), ("bench", "http"), ("dense",), ("shared-gpu-encoder",))
-REHEARSED = ("compiled", "workers", "shared", "shared-gpu-encoder", "dense")  # `rehearse`: on a CPU, small
+# The first call measures the reranker's passes with the image's packages alone (BARE), before a
+# part is in; after the parts, the serving figures (the call that also installs), then the checks;
+# the rest only when a lease has time left (OPTIONAL: not in the plan's total; shared-gpu-encoder
+# there since it was measured and not adopted, compiled and workers since they were measured).
+BARE = ("micro",)
+BATCHES = (("shared", "no-rerank"), ("check", "tests"))
+OPTIONAL = (
+    ("compiled", "workers"),
+    ("train",),
+    ("evaluate", "rerank"),
+    ("bench", "http"),
+    ("dense",),
+    ("shared-gpu-encoder",),
+)
+REHEARSED = ("compiled", "workers", "shared", "no-rerank", "shared-gpu-encoder", "dense")  # `rehearse`: on a CPU, small
 
 
 def plan_minutes(parts: int) -> list[float]:
-    """Each call's expected minutes, the machine's start and the gaps included: the parts' calls,
-    then :data:`BATCHES` (the last part rides with the first batch)."""
+    """Each call's expected minutes, the machine's start and the gaps included: the parts' calls
+    (the first runs :data:`BARE` too), then :data:`BATCHES` (the last part rides with the first batch)."""
     calls = [CALL_MINUTES + GAP_MINUTES] * (parts - 1)
     for i, batch in enumerate(BATCHES):
         install = INSTALL_MINUTES if i == 0 else 0
         calls.append(CALL_MINUTES + GAP_MINUTES + install + sum(stage(s).minutes for s in batch))
-    calls[0] += MACHINE_START_MINUTES
+    calls[0] += MACHINE_START_MINUTES + sum(stage(s).minutes for s in BARE)
     return calls
 
 
@@ -74,7 +85,8 @@ def stage(name: str) -> Stage:
 
 def device_command(stages: tuple[str, ...]) -> str:
     """The command line of one call on the GPU machine (run in the repo root): it takes the part that
-    call carries, installs once all have arrived, then runs ``stages``."""
+    call carries, runs the :data:`BARE` stages among ``stages`` at once, installs once all parts have
+    arrived, then runs the others."""
     wanted = f" --stages {','.join(stages)}" if stages else ""
     return f"PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_kit run{wanted} --out $OUT"
 
@@ -92,7 +104,7 @@ def describe(parts: int) -> str:
         f" ~{sum(minutes):.1f} min with the machine's start and the gaps (at most {LEASE_MINUTES})"
     ]
     for call in range(1, len(minutes) + 1):
-        batch = BATCHES[call - parts] if call >= parts else ()
+        batch = (BARE if call == 1 else ()) + (BATCHES[call - parts] if call >= parts else ())
         took = f"carry {' '.join(carry(call))}; " if call <= parts else ""
         lines.append(f"  call {call}: {took}{device_command(batch)}  (~{minutes[call - 1]:.1f} min)")
         for name in batch:

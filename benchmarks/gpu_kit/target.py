@@ -15,7 +15,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu_kit.plan import KIT_DIR, MANIFEST, REHEARSED, describe, stage
+from benchmarks.gpu_kit.plan import BARE, KIT_DIR, MANIFEST, REHEARSED, describe, stage
 
 HOME = Path("/tmp/gpukit")
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +85,7 @@ def _commands(results: Path, small: bool = False) -> dict[str, list[list[str]]]:
     kit = py + ["-m", "benchmarks.gpu_kit"]
     sized = ["--small"] if small else []
     return {
+        "micro": [kit + ["micro", "--out", str(results / "micro.json")]],
         "check": [kit + ["check", "--out", str(results / "check.json")]],
         "tests": [py + ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-rA"]],
         "train": [cli + ["train-reranker"]],
@@ -101,15 +102,22 @@ def _commands(results: Path, small: bool = False) -> dict[str, list[list[str]]]:
 
 
 def run(stages: list[str], out: Path, carried: Path = REPO / KIT_DIR) -> int:
-    """One call's work: receive, install when complete, run ``stages``; results into ``out``."""
+    """One call's work: receive, run the :data:`BARE` stages asked for (the image's packages alone),
+    install when complete, run the other ``stages``; results into ``out``."""
     manifest, missing = receive(carried)
     print(describe(len(manifest["parts"])), flush=True)
+    results = HOME / "results"
+    bare = [name for name in stages if name in BARE]
+    code = 0
+    if bare:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        code = run_stages(bare, env, results, lambda: _ship(results, out))
+    stages = [name for name in stages if name not in BARE]
     if missing:
         print(f"have {len(manifest['parts']) - len(missing)} of {len(manifest['parts'])} parts; next: {missing[0]}")
-        return 0 if not stages else 3
+        return code if not stages else 3
     env = install(manifest)
-    results = HOME / "results"
-    return run_stages(stages, env, results, lambda: _ship(results, out))
+    return max(code, run_stages(stages, env, results, lambda: _ship(results, out)))
 
 
 def rehearse(stages: list[str], index_dir: Path, data_dir: Path, out: Path) -> int:

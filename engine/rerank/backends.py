@@ -6,10 +6,11 @@ length-sorted batches, so that a batch pads to its longest pair, not to the long
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from engine.rerank.cuda_passes import CudaPasses
 from engine.rerank.onnx import OnnxCrossEncoder
 from engine.rerank.pair_tokens import PairRow, pad_rows
 from engine.rerank.plan import RerankPlan
@@ -23,6 +24,11 @@ class OnnxBackend:
     def __init__(self, onnx: OnnxCrossEncoder, plan: RerankPlan, batch_size: int, pad_id: int) -> None:
         self.onnx, self.device, self.batch_size, self.pad_id = onnx, plan.device, batch_size, pad_id
         self.compile_state = "off"
+        self.passes_state = "off"
+
+    def launch(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], np.ndarray]:
+        logits = self.logits(rows, lengths)
+        return lambda: logits
 
     def logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
         logits = np.empty(len(rows), dtype=np.float32)
@@ -32,41 +38,71 @@ class OnnxBackend:
 
 
 class TorchBackend:
-    """The torch model as the plan prepares it. A GPU out-of-memory error never fails a request:
-    the batch is halved until it fits (and stays that size), and at batch size 1 the model moves to
-    the CPU for good. A compiled pass that fails (no compiler, a Triton error), at warm-up or later,
-    leaves the model eager for good, said once in the log and in ``compile_state``."""
+    """The torch model as the plan prepares it. On CUDA a gathered batch is one pass, pinned and
+    replayed from CUDA graphs (:mod:`engine.rerank.cuda_passes`), started by :meth:`launch` so that
+    the caller prepares the next batch meanwhile; elsewhere, or compiled, length-sorted passes of
+    ``batch_size``. A GPU out-of-memory error never fails a request: the one-pass path gives way to
+    those passes, the batch is halved until it fits (and stays that size), and at batch size 1 the
+    model moves to the CPU for good. A compiled pass that fails (no compiler, a Triton error), at
+    warm-up or later, leaves the model eager for good, said once in the log and in
+    ``compile_state``. ``model``: the transformers model; ``max_tokens``: the largest batch the
+    caller gathers, in tokens."""
 
-    def __init__(self, cross_encoder, plan: RerankPlan, batch_size: int, max_length: int, pad_id: int) -> None:
+    def __init__(
+        self, model, plan: RerankPlan, batch_size: int, max_length: int, pad_id: int, max_tokens: int = 0
+    ) -> None:
         import torch
 
         from engine.rerank.compiled import CompiledPasses
         from engine.rerank.first_token import FirstTokenLogits
 
-        self.model = cross_encoder.transformers_model
+        self.model = model
         self.device, self.batch_size, self.pad_id = plan.device, batch_size, pad_id
-        cross_encoder.to(plan.device)
+        model.to(plan.device)
         if plan.precision == "bf16":  # eager attention: PyTorch's SDPA is the slower kernel in bf16 on a CPU
-            self.model.set_attn_implementation("eager")
-            cross_encoder.to(torch.bfloat16)
+            model.set_attn_implementation("eager")
+            model.to(torch.bfloat16)
         elif plan.precision == "fp16":
-            cross_encoder.half()
-        self.first_token = FirstTokenLogits.of(self.model) if plan.first_token else None
+            model.half()
+        self.first_token = FirstTokenLogits.of(model) if plan.first_token else None
         if self.first_token is not None and plan.precision == "bf16":
             self.first_token.head_in_fp32()
         self.compiled: CompiledPasses | None = None
         self.compile_state = "off"  # off, compiled, or eager and why
         if plan.compile:
             try:
-                self.compiled = CompiledPasses(self.model, pad_id, batch_size, max_length)
+                self.compiled = CompiledPasses(model, pad_id, batch_size, max_length)
                 self.compiled.warm()  # every bucket now: no query waits for a compilation
                 self.compile_state = "compiled"
             except Exception as exc:
                 self._eager_from_now(exc)
+        self.passes: CudaPasses | None = None
+        self.passes_state = "off"  # what the one-pass path runs: graphs and their buckets, eager and why, off
+        if plan.device == "cuda" and self.compiled is None:
+            self.passes = CudaPasses(model, pad_id, max_length, max(max_tokens, batch_size * max_length), plan.graphs)
+            self.passes_state = self.passes.state
+
+    def launch(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], np.ndarray]:
+        """``rows``' logits started: on CUDA's one-pass path queued at once (the GPU runs while the
+        caller goes on), else computed now; the callable returned gives them."""
+        import torch
+
+        if self.passes is not None:
+            try:
+                return self.passes.launch(rows).result
+            except torch.cuda.OutOfMemoryError:
+                self._passes_off("out of GPU memory")
+        logits = self.logits(rows, lengths)
+        return lambda: logits
 
     def logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
         import torch
 
+        if self.passes is not None:
+            try:
+                return self.passes(rows)
+            except torch.cuda.OutOfMemoryError:
+                self._passes_off("out of GPU memory")
         while True:
             try:
                 return self._logits(rows, lengths)
@@ -102,6 +138,13 @@ class TorchBackend:
                 out = self.first_token(**inputs) if self.first_token is not None else self.model(**inputs).logits
                 logits[part] = out[:, 0].float().cpu().numpy()
         return logits
+
+    def _passes_off(self, why: str) -> None:
+        import torch
+
+        log.warning("the reranker's one-pass CUDA path stopped (%s): passes of %d from now on", why, self.batch_size)
+        self.passes, self.passes_state = None, f"off: {why}"
+        torch.cuda.empty_cache()
 
     def _eager_from_now(self, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"

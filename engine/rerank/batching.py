@@ -3,8 +3,10 @@
 On a GPU a pass over 800 pairs costs far less than eight passes over 100, so concurrent queries'
 pairs are scored together: the first request opens a batch, requests already in ``finish`` join it
 (waiting at most ``max_wait_s`` for one) while the batch's tokens stay within ``max_tokens``, the
-model scores them all in length-sorted passes, and each caller gets back exactly the scores of its
-own pairs. The budget counts tokens, not pairs or queries (text-embeddings-inference's
+model scores them all (on CUDA in one pass, elsewhere in length-sorted passes), and each caller
+gets back exactly the scores of its own pairs. On CUDA the batch is only started on the GPU: a
+second thread waits for its scores and hands them out, while the first gathers and pads the next
+batch (at most :data:`IN_FLIGHT` batches started and not yet handed out). The budget counts tokens, not pairs or queries (text-embeddings-inference's
 max-batch-tokens): a pair's cost and memory grow with its length, so 1,000 pairs of 64 tokens and
 250 of 256 are one budget. A request that would overflow the batch opens the next one. A lone
 request never waits for company that is not coming: at one client the wait was pure latency.
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from engine.rerank.cross_encoder import PreparedPairs, Reranker
 from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.pair_tokens import PairRow
+
+IN_FLIGHT = 2  # batches on the GPU at once: one running, one prepared behind it (CudaPasses' two slots)
 
 
 @dataclass
@@ -49,12 +53,16 @@ class RerankBatcher:
         self.max_tokens = max_tokens
         self.batches = 0
         self.pairs = 0
-        self.model_seconds = 0.0  # in finish_together: padding, the copies and the model, rows already made
+        self.model_seconds = 0.0  # busy time: a batch's padding, copies and model, rows already made, overlaps once
+        self._busy_until = 0.0
         self._inside = 0  # callers in finish(): the batch waits only for those it does not hold yet
         self._count = threading.Lock()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._started: queue.Queue[tuple[list[_Request], float, object] | None] = queue.Queue(IN_FLIGHT - 1)
         self._worker = threading.Thread(target=self._run, name="rerank-batcher", daemon=True)
+        self._handing = threading.Thread(target=self._hand_out, name="rerank-hand-out", daemon=True)
         self._worker.start()
+        self._handing.start()
 
     def __getattr__(self, name: str):  # name, device, batch_size... of the wrapped reranker
         return getattr(self.reranker, name)
@@ -93,12 +101,14 @@ class RerankBatcher:
     def close(self) -> None:
         self._queue.put(None)
         self._worker.join(timeout=5)
+        self._handing.join(timeout=5)
 
     def _run(self) -> None:
         held: _Request | None = None  # the request that would have overflowed the last batch: it opens this one
         while True:
             first, held = held or self._queue.get(), None
             if first is None:
+                self._started.put(None)
                 return
             batch, tokens = [first], first.tokens
             while tokens < self.max_tokens and (self._inside > len(batch) or not self._queue.empty()):
@@ -121,14 +131,32 @@ class RerankBatcher:
         self.pairs += sum(len(r.prepared.rows) for r in batch)
         started = time.perf_counter()
         try:
-            scores = self.reranker.finish_together([r.prepared for r in batch])
-            self.model_seconds += time.perf_counter() - started
-        except Exception as exc:  # every waiting caller learns of the failure
-            for request in batch:
-                request.future.set_exception(exc)
-            return
-        for request, own in zip(batch, scores, strict=True):
-            request.future.set_result(own)
+            collect = self.reranker.start_together([r.prepared for r in batch])
+        except Exception as exc:
+            collect = _raise(exc)
+        self._started.put((batch, started, collect))  # waits while the batch before it is still running
+
+    def _hand_out(self) -> None:
+        while (item := self._started.get()) is not None:
+            batch, started, collect = item
+            try:
+                scores = collect()
+            except Exception as exc:  # every waiting caller learns of the failure
+                for request in batch:
+                    request.future.set_exception(exc)
+                continue
+            finished = time.perf_counter()
+            self.model_seconds += finished - max(started, self._busy_until)
+            self._busy_until = finished
+            for request, own in zip(batch, scores, strict=True):
+                request.future.set_result(own)
+
+
+def _raise(exc: Exception):
+    def collect():
+        raise exc
+
+    return collect
 
 
 def score_rows(reranker: Reranker, calls: list[tuple[list[PairRow], list[int]]]) -> list[list[float]]:

@@ -100,8 +100,19 @@ class PairPreparer:
 
     def finish_together(self, prepared: Sequence[PreparedPairs]) -> list[list[float]]:
         """Several queries' prepared pairs scored together; each gets its own scores."""
+        return self.start_together(prepared)()
+
+    def start_together(self, prepared: Sequence[PreparedPairs]) -> Callable[[], list[list[float]]]:
+        """:meth:`finish_together` in two halves: the model started now (on CUDA, queued on the GPU),
+        the scores when the callable returned is called, so that a batcher prepares its next batch
+        while this one runs."""
         rows = [row for p in prepared for row in p.rows]
-        fresh = iter(self._scores(rows, [n for p in prepared for n in p.lengths]) if rows else [])
+        started = self._start(rows, [n for p in prepared for n in p.lengths]) if rows else list
+        return lambda: self._handed_out(prepared, started())
+
+    def _handed_out(self, prepared: Sequence[PreparedPairs], computed: list[float]) -> list[list[float]]:
+        """Each query's scores: the cache's, and the ``computed`` ones in their places (kept in the cache)."""
+        fresh = iter(computed)
         scores = []
         for p in prepared:
             mine = [next(fresh) for _ in p.rows]
@@ -130,6 +141,11 @@ class PairPreparer:
         """The model's scores of ``rows`` (``lengths``: the characters they are sorted by)."""
         raise NotImplementedError
 
+    def _start(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], list[float]]:
+        """:meth:`_scores` started; the callable gives them (here computed at once)."""
+        scores = self._scores(rows, lengths)
+        return lambda: scores
+
 
 class Reranker(PairPreparer):
     """Scores (query, document) pairs jointly, in length-sorted batches, as its plan says
@@ -143,6 +159,8 @@ class Reranker(PairPreparer):
     see the plan. ``cache``: scores of pairs seen lately. ``length_cap``: at most this many tokens a
     pair, whatever the model was trained with. ``compile_model``: on CUDA with torch, the model
     compiled over a few shapes and warmed now (:mod:`engine.rerank.compiled`), eager if that fails.
+    ``batch_tokens``: the largest batch a caller gathers (CUDA's one-pass buckets hold it);
+    ``cuda_graphs``: on CUDA, uncompiled torch replays its passes from CUDA graphs.
     """
 
     def __init__(
@@ -157,6 +175,8 @@ class Reranker(PairPreparer):
         length_cap: int | None = None,
         calibration: Callable[[], Pairs] | None = None,
         compile_model: bool = False,
+        batch_tokens: int = 0,
+        cuda_graphs: bool = True,
     ) -> None:
         from sentence_transformers import CrossEncoder
 
@@ -165,7 +185,7 @@ class Reranker(PairPreparer):
             raise RerankerError(f"{name}: not a model folder (no config.json)")
         card = _read_card(Path(source) / CARD_FILE)
         bf16_native = device == "cpu" and native_bf16()
-        plan = plan_reranker(device, runtime, quantize, compile_model, card["cpu_quantize"], bf16_native)
+        plan = plan_reranker(device, runtime, quantize, compile_model, card["cpu_quantize"], bf16_native, cuda_graphs)
         try:
             self.model = CrossEncoder(
                 source, device="cpu" if plan.backend == "onnx" else device, max_length=max_length, num_labels=1
@@ -187,7 +207,8 @@ class Reranker(PairPreparer):
                     raise RerankerError(f"cannot run reranker {name!r} on ONNX Runtime: {exc}") from exc
                 plan = plan.on_torch(f"{type(exc).__name__}: {str(exc).strip()[:200]}")
         if plan.backend == "torch":
-            self.backend = TorchBackend(self.model, plan, batch_size, self.max_length, self.tokenize.pad_id)
+            model, pad_id = self.model.transformers_model, self.tokenize.pad_id
+            self.backend = TorchBackend(model, plan, batch_size, self.max_length, pad_id, batch_tokens)
         for note in plan.notes:
             log.warning("reranker %s: %s", name, note)
         self.plan = plan
@@ -211,12 +232,17 @@ class Reranker(PairPreparer):
     @property
     def running(self) -> dict:
         """The plan as carried out: what ``/health`` shows."""
-        return self.plan.shown() | {"compile": self.compile_state, "batch_size": self.batch_size}
+        shown = self.plan.shown() | {"compile": self.compile_state, "batch_size": self.batch_size}
+        return shown | {"one_pass": self.backend.passes_state}
 
     def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+        return self._start(rows, lengths)()
+
+    def _start(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], list[float]]:
         import torch
 
-        return [float(s) for s in self.model.activation_fn(torch.tensor(self._logits(rows, lengths)))]
+        logits = self.backend.launch(rows, lengths)
+        return lambda: [float(s) for s in self.model.activation_fn(torch.from_numpy(logits()))]
 
     def logits(self, pairs: list[tuple[str, str]]) -> list[float]:
         """Raw scores before the activation (what distillation compares)."""

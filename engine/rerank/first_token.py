@@ -61,7 +61,8 @@ class FirstTokenLogits(torch.nn.Module):
         query = attention.query(first).view(*heads).transpose(1, 2)
         key = attention.key(hidden).view(*heads).transpose(1, 2)
         value = attention.value(hidden).view(*heads).transpose(1, 2)
-        weights = torch.softmax(query @ key.transpose(2, 3) * attention.scaling + mask, dim=-1)
+        scaling = getattr(attention, "scaling", attention.attention_head_size**-0.5)  # transformers < 4.53 has none
+        weights = torch.softmax(query @ key.transpose(2, 3) * scaling + mask, dim=-1)
         context = (weights @ value).transpose(1, 2).reshape(batch, 1, -1)
         attended = last.attention.output(context, first)
         out = last.output(last.intermediate(attended), attended)

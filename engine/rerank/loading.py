@@ -50,6 +50,8 @@ def load_reranker(settings: EngineSettings, path: str, device: str, cache: bool 
         length_cap=s.rerank_length_cap(device),
         calibration=int8_calibration(s.index_dir),
         compile_model=s.rerank_compile,  # the plan says why when it cannot apply
+        batch_tokens=s.rerank_batch_tokens,
+        cuda_graphs=s.rerank_cuda_graphs,
     )
 
 

@@ -29,6 +29,7 @@ class RerankPlan:
     precision: Literal["fp32", "fp16", "bf16", "int8"]
     compile: bool
     first_token: bool  # torch on a CPU: the last layer for [CLS] alone, where the architecture allows
+    graphs: bool = False  # torch on CUDA, not compiled: each one-pass bucket replayed from a CUDA graph
     torch_if_onnx_fails: bool = False
     notes: tuple[str, ...] = ()
 
@@ -57,6 +58,7 @@ class RerankPlan:
             "precision": self.precision,
             "compile": self.compile,
             "first_token_only": self.first_token,
+            "cuda_graphs": self.graphs,
             "notes": list(self.notes),
         }
 
@@ -68,10 +70,12 @@ def plan_reranker(
     compile_model: bool = False,
     card_quantize: str = "none",
     bf16_native: bool = False,
+    cuda_graphs: bool = True,
 ) -> RerankPlan:
     """The plan for a reranker on ``device`` (cpu or cuda). ``runtime``: auto, torch or onnx;
     ``quantize``: auto, none, int8 or bf16; ``card_quantize``: how the model's card says it is
-    served on a CPU; ``bf16_native``: whether this CPU multiplies bf16 itself (AVX512-BF16, AMX).
+    served on a CPU; ``bf16_native``: whether this CPU multiplies bf16 itself (AVX512-BF16, AMX);
+    ``cuda_graphs``: torch on CUDA replays its passes from CUDA graphs (not when compiled).
     Raises :class:`RerankerError` for a combination that cannot run."""
     notes: list[str] = []
     if quantize == "auto":
@@ -101,6 +105,7 @@ def plan_reranker(
         precision=precision,
         compile=compiled,
         first_token=backend == "torch" and device == "cpu",
+        graphs=cuda_graphs and backend == "torch" and device == "cuda" and not compiled,
         torch_if_onnx_fails=backend == "onnx" and runtime == "auto" and quantize == "none",
         notes=tuple(notes),
     )
