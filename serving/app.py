@@ -23,6 +23,7 @@ from serving.a2a_tasks import RecentTaskStore, WorkerTasks
 from serving.asgi import route_path
 from serving.mcp_events import RETRY_MS, RecentEvents
 from serving.mcp_tool import build_mcp_server
+from serving.openapi import unkeyed
 from serving.presentation import Presentation
 from serving.protocol_routes import ProtocolDoor, hash_key, load_keys
 from serving.replies import json_errors
@@ -77,16 +78,14 @@ class RequestLog:
 
 class KeyGate:
     """With ``--key-all-doors``: every route but health, metrics, the OpenAPI document, agent cards
-    and ``/v1`` (which checks keys itself, per agent) wants a Bearer key from the agent-keys file;
-    401 otherwise."""
-
-    OPEN = ("/health", "/metrics", "/openapi.json", "/.well-known/", "/v1/")
+    and the agent protocol's ``/v1`` (which checks keys itself, per agent) wants a Bearer key from
+    the agent-keys file, ``/v1/rerank`` too; 401 otherwise."""
 
     def __init__(self, app: ASGIApp, hashes: set[str]) -> None:
         self.app, self.hashes = app, hashes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not route_path(scope).startswith(self.OPEN):
+        if scope["type"] == "http" and not unkeyed(route_path(scope)):
             key = bearer(Headers(scope=scope))
             if key is None or hash_key(key) not in self.hashes:
                 reply = JSONResponse({"error": "send 'Authorization: Bearer <key>' (this server keys all doors)"}, 401)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route, compile_path
 
 from engine.errors import ServiceError
+from serving.rerank_api import PATHS as RERANK_PATHS
 
 Handler = Callable[[Request], Awaitable[Response]]
 JSON = "application/json"
@@ -26,7 +27,13 @@ OBJECT = {"type": "object"}
 TEXT = {"type": "string"}
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
-UNKEYED = ("/health", "/metrics", "/v1/")  # the routes here that ``--key-all-doors`` leaves open (app.KeyGate)
+OPEN = ("/health", "/metrics", "/openapi.json", "/.well-known/", "/v1/")  # --key-all-doors leaves these open
+KEYED = RERANK_PATHS  # ... but not these: /v1 is the agent protocol's, which keys its own
+
+
+def unkeyed(path: str) -> bool:
+    """Whether ``--key-all-doors`` leaves ``path`` open (app.KeyGate, and this document)."""
+    return path.startswith(OPEN) and path not in KEYED
 WHAT = {  # what an error status tells a caller, whichever failure answers it
     400: "body is not JSON",
     401: "no or unknown key",
@@ -102,7 +109,7 @@ def openapi_document(operations: list[Op], key_all_doors: bool, keyed_protocol: 
         doc = {"summary": op.summary} | ({"parameters": parameters} if parameters else {})
         if op.body is not None:
             doc["requestBody"] = {"required": True, "content": {JSON: {"schema": components.schema(op.body)}}}
-        if key_all_doors and not path.startswith(UNKEYED) or keyed_protocol and 401 in op.errors:
+        if key_all_doors and not unkeyed(path) or keyed_protocol and 401 in op.errors:
             doc["security"] = [{"agentKey": []}]
             responses.setdefault("401", components.content(ERROR_REF, WHAT[401]))
         paths.setdefault(path, {})[method.lower()] = doc | {"responses": responses}

@@ -30,14 +30,17 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from engine.rerank.batching import score_rows
 from engine.rerank.loading import open_reranker
+from engine.rerank.token_rows import WireRows
 from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
 from engine.search.shard import ENCODED, LocalShard
@@ -79,12 +82,15 @@ class RerankerReplica:
     def status(self) -> dict:
         return {"deployment": "reranker", "device": self.reranker.device}
 
-    async def score(self, rows: list, lengths: list[int]) -> list[float]:
-        return await self._batched((rows, lengths))
+    async def score(self, wire: WireRows) -> tuple[np.ndarray, float]:
+        """A replica's rows scored, and the seconds it waited here (what :class:`RemoteReranker` counts)."""
+        began = time.perf_counter()
+        scores = await self._batched(wire)
+        return np.asarray(scores, dtype=np.float32), time.perf_counter() - began
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def _batched(self, calls: list[tuple[list, list[int]]]) -> list[list[float]]:
-        """One call per query, its (rows, lengths); Serve hands them over in batches."""
+    async def _batched(self, calls: list[WireRows]) -> list[list[float]]:
+        """One call per query, its rows; Serve hands them over in batches."""
         return await asyncio.to_thread(score_rows, self.reranker, calls)
 
 

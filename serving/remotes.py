@@ -23,7 +23,7 @@ import numpy as np
 from engine.documents import DocumentIn
 from engine.rerank.cross_encoder import PairPreparer
 from engine.rerank.pair_cache import PairCache
-from engine.rerank.pair_tokens import PairRow
+from engine.rerank.token_rows import TokenRows
 from engine.retrieval.encoder import resolve_model
 from engine.settings import EngineSettings
 from engine.shards.fanout import Shards, ShardUnavailable, gone
@@ -104,10 +104,20 @@ class RemoteReranker(PairPreparer):
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.name))
         cache = PairCache(settings.rerank_cache_size, settings.rerank_cache_s) if settings.rerank_cache_size else None
         super().__init__(tokenizer, self.max_length, cache)
+        self.process_seconds = 0.0
 
-    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
-        """Scored there; a failure is the reranker's (the query is answered in the fused order)."""
-        return self.transport.call("score", rows, lengths, timeout_s=self.timeout_s)
+    def _scores(self, rows: TokenRows, lengths: list[int]) -> list[float]:
+        """Scored there, the query's tokens sent once; a failure is the reranker's (the query is
+        answered in the fused order)."""
+        scores, seconds = self.transport.call("score", rows.wire(), timeout_s=self.timeout_s)
+        self.process_seconds += seconds
+        return scores.tolist()
+
+    def channel(self) -> dict:
+        """Calls to the reranker, their bytes each way (where the transport counts them), and the
+        seconds they spent in the reranker's own process."""
+        counted = self.transport.client.stats() if hasattr(self.transport, "client") else {}
+        return counted | {"process_seconds": self.process_seconds}
 
     def status(self) -> dict:
         """The reranker's own status, or ``reachable: false`` and why."""

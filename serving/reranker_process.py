@@ -6,9 +6,10 @@ take turns on it, each with one query's pairs. Here one process owns the model: 
 its pairs itself, from the token ids the index keeps (:class:`serving.remotes.RemoteReranker`, the
 :class:`~engine.rerank.cross_encoder.PairPreparer` half of a reranker, with the score cache), and
 sends their rows over the workers' local channel (:mod:`serving.worker_channel`, the address
-``reranker``); the process gathers every worker's rows into batches by a token budget
-(:class:`~engine.rerank.batching.RerankBatcher`, ``rerank_batch_tokens``), scores them in
-length-sorted passes, and answers each call with exactly its own scores.
+``reranker``, a kept connection, the query's tokens once: :class:`~engine.rerank.token_rows.WireRows`);
+the process gathers every worker's rows into batches by a token budget
+(:class:`~engine.rerank.batching.RerankBatcher`, ``rerank_batch_tokens``), scores each batch (on
+CUDA in one pass), and answers each call with exactly its own scores and its own time on them.
 
 With ``--shared-query-encoder on`` the process also encodes every worker's queries with the index's
 encoder on its own device (:class:`serving.remotes.RemoteQueryEncoder`, gathered by
@@ -28,10 +29,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection, wait
 
-from engine.rerank.cross_encoder import PreparedPairs
-from engine.rerank.pair_tokens import PairRow
+import numpy as np
+
+from engine.rerank.token_rows import WireRows
 from serving.remotes import DESCRIBED
 from serving.settings import Settings
 from serving.signals import sleep_until
@@ -71,7 +74,7 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
     threads = os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     for name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
         os.environ.setdefault(name, threads)
-    from engine.rerank.batching import RerankBatcher  # after the variables above: torch reads them
+    from engine.rerank.batching import RerankBatcher, sent_rows  # after the variables above: torch reads them
     from engine.rerank.loading import open_reranker
     from engine.retrieval.encoder import pick_device
 
@@ -91,8 +94,11 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
     batcher = RerankBatcher(reranker, s.rerank_batch_wait_ms / 1000, s.rerank_batch_tokens)
     queries = _query_batcher(settings, reranker.device) if settings.serving.shared_query_encoder == "on" else None
 
-    def score(rows: list[PairRow], lengths: list[int]) -> list[float]:
-        return batcher.finish(PreparedPairs([None] * len(rows), [], rows, lengths))
+    def score(wire: WireRows) -> tuple[np.ndarray, float]:
+        """A worker's rows scored, and this process's seconds on them (what its ``/metrics`` shows)."""
+        began = time.perf_counter()
+        scores = np.asarray(batcher.finish(sent_rows(wire)), dtype=np.float32)
+        return scores, time.perf_counter() - began
 
     def status() -> dict:
         encoded = queries.stats() if queries is not None else {}

@@ -1,6 +1,7 @@
 """The REST door: ``POST /search_nfcorpus`` (the MCP tool's twin), ``POST /search``, ``/documents``,
-the benchmark solver, the agent protocol's ``/v1`` routes, ``/health`` and ``/metrics``, declared as one
-table that the routes and their OpenAPI document (``/openapi.json``) are both made from.
+Cohere-shaped ``/v1/rerank`` (:mod:`serving.rerank_api`), the benchmark solver, the agent
+protocol's ``/v1`` routes, ``/health`` and ``/metrics``, declared as one table that the routes and
+their OpenAPI document (``/openapi.json``) are both made from.
 
 Every error answers ``{"error": ...}`` with the status its kind carries (a
 :class:`~engine.errors.ServiceError`, by the app's exception handler: :func:`serving.replies.json_errors`).
@@ -29,7 +30,9 @@ from serving.openapi import Op, openapi_document
 from serving.protocol_routes import ProtocolDoor
 from serving.replies import to_chunks, to_response
 from serving.requests import BadRequest, json_body, validated
-from serving.search_service import REFRESH, QueryTimeout, ReadOnly, SearchService
+from serving.rerank_api import PATHS as RERANK_PATHS
+from serving.rerank_api import RerankReply, RerankRequest, reply
+from serving.search_service import REFRESH, NoReranker, QueryTimeout, ReadOnly, SearchService
 
 SOLVER_PATH = "/api/a2a/purple-agent"
 BODY = (400, 413, BadRequest)  # json_body's BodyError (not JSON, over the limit), then the model's check
@@ -61,6 +64,18 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
 
     async def delete_document(request: Request) -> Response:
         return JSONResponse(await service.delete(request.path_params["document_id"], wait=_waits(request)))
+
+    def rerank(path: str) -> Op:
+        """Cohere's rerank at ``path`` (its v1 or v2, one shape)."""
+        version = path.split("/")[1].removeprefix("v")
+
+        async def handler(request: Request) -> Response:
+            asked = validated(RerankRequest, await json_body(request, limit))
+            answer = reply(asked, await service.rerank(asked), version)
+            return Response(answer.model_dump_json(exclude_none=True), media_type="application/json")
+
+        summary = "Rerank the caller's documents for a query (Cohere's rerank API)"
+        return Op(f"POST {path}", handler, summary, "results, best first", (*BODY, NoReranker, *BUSY), reply=RerankReply, body=RerankRequest)
 
     async def solver_card(request: Request) -> Response:
         return JSONResponse(service.solver.describe())
@@ -96,6 +111,7 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
             (DocumentNotFound, ReadOnly, BadRequest, StorageFull),
             refresh,
         ),
+        *(rerank(path) for path in RERANK_PATHS),
         Op(f"GET {SOLVER_PATH}", solver_card, "The solver's card: its input and rules", "card"),
         Op(
             f"POST {SOLVER_PATH}",

@@ -26,6 +26,7 @@ from engine.rerank.cross_encoder import Scorer
 from engine.retrieval.encoder import QueryEncoder
 from engine.search import Hit, HybridEngine
 from serving.admission import Admission, Overloaded
+from serving.rerank_api import RerankRequest
 from serving.requests import BadRequest, validated
 from serving.settings import Settings
 
@@ -42,6 +43,12 @@ class QueryTimeout(ServiceError, TimeoutError):
     """The query ran past the configured limit (504)."""
 
     status, jsonrpc_code = 504, -32001
+
+
+class NoReranker(ServiceError, RuntimeError):
+    """This server serves no reranker (none in the index, or --no-rerank): nothing to rerank with (503)."""
+
+    status, jsonrpc_code = 503, -32007
 
 
 class ReadOnly(ServiceError, PermissionError):
@@ -103,6 +110,7 @@ class SearchService:
         self.registry.register(_AgentMetrics(self.router))
         self.registry.register(_FallbackMetrics(self))
         self.registry.register(_RerankCacheMetrics(self.engine))
+        self.registry.register(_RerankerChannelMetrics(self.engine))
         self.engine.stage_observers.append(self._observe)  # every search's stages, whoever asked
         self.admission = Admission(settings.serving.max_in_flight, settings.serving.max_queue_s, self.registry)
 
@@ -144,6 +152,23 @@ class SearchService:
     def _observe(self, seconds: Mapping[str, float]) -> None:
         for stage, spent in seconds.items():
             self.latency.labels(stage).observe(spent)
+
+    async def rerank(self, request: RerankRequest) -> list[float]:
+        """A caller's own candidates scored by the served reranker (``POST /v1/rerank``), admitted and
+        timed as a search is; on CUDA they join the searches' batches."""
+        reranker = self.engine.reranker if self.engine.settings.rerank else None
+        if reranker is None:
+            raise NoReranker("this server serves no reranker (none in the index, or started with --no-rerank)")
+        self.requests.labels("rerank").inc()
+        loop = asyncio.get_running_loop()
+        try:
+            async with self.admission.slot("rerank") as outlive:
+                future = loop.run_in_executor(self._pool, reranker.score, request.query, request.texts())
+                outlive(future)
+                return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
+        except TimeoutError:
+            self.errors.labels("rerank", "timeout").inc()
+            raise QueryTimeout(f"reranking took longer than {self.settings.serving.query_timeout_s:g} s") from None
 
     async def solve(self, payload: object) -> dict:
         """A benchmark task (``SolverRequest``'s shape); BadRequest names the field or the rule."""
@@ -265,6 +290,32 @@ class _RerankCacheMetrics:
         if cache is not None:
             yield CounterMetricFamily("rerank_cache_hits", "Reranker scores served from the cache", value=cache.hits)
             yield CounterMetricFamily("rerank_cache_misses", "Reranker scores computed", value=cache.misses)
+
+
+class _RerankerChannelMetrics:
+    """With the reranker in another process (``serve --workers N``, Ray): ``reranker_calls_total``,
+    ``reranker_channel_bytes_total`` by direction, and ``reranker_process_seconds_total``, the calls'
+    time inside that process; divided by the calls, a query's bytes and the reranker's own time."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        channel = getattr(self.engine.reranker, "channel", None)
+        if channel is None:
+            return
+        counted = channel()
+        if "calls" in counted:
+            yield CounterMetricFamily("reranker_calls", "Calls to the reranker process", value=counted["calls"])
+            sent = CounterMetricFamily("reranker_channel_bytes", "Bytes to and from the reranker", labels=["direction"])
+            sent.add_metric(["sent"], counted["bytes_sent"])
+            sent.add_metric(["received"], counted["bytes_received"])
+            yield sent
+        yield CounterMetricFamily(
+            "reranker_process_seconds", "Seconds calls spent in the reranker's process", value=counted["process_seconds"]
+        )
 
 
 class _AgentMetrics:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine.errors import ServiceError
-from serving.worker_channel import Channel, WorkerUnreachable, call
+from serving.worker_channel import Channel, ChannelClient, WorkerUnreachable
 
 
 class Unreachable(ConnectionError):
@@ -48,19 +48,21 @@ class _Deferred:
 
 
 class ChannelTransport:
-    """Worker ``index`` (or the reranker process) over the workers' local channel: each call one
-    connection, made in the caller's thread (:func:`serving.worker_channel.call`); a call begun is
-    made when its answer is asked for."""
+    """Worker ``index`` (or the reranker process) over the workers' local channel, on connections
+    kept between calls (:class:`serving.worker_channel.ChannelClient`: its byte counts in
+    ``client``), each call made in the caller's thread; a call begun is made when its answer is
+    asked for."""
 
     def __init__(self, channel: Channel, index: int | str, name: str) -> None:
         self.channel, self.index, self.name = channel, index, name
+        self.client = ChannelClient(channel, index)
 
     def begin(self, method: str, *args: Any) -> Pending:
         return _Deferred(lambda timeout_s: self.call(method, *args, timeout_s=timeout_s))
 
     def call(self, method: str, *args: Any, timeout_s: float) -> Any:
         try:
-            return call(self.channel, self.index, method, *args, timeout_s=timeout_s)
+            return self.client.call(method, *args, timeout_s=timeout_s)
         except WorkerUnreachable as exc:
             raise Unreachable(f"{self.name}: {exc}") from None
 

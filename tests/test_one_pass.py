@@ -11,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.rerank.backends import TorchBackend  # noqa: E402
-from engine.rerank.cuda_passes import CudaPasses, query_lengths, row_buckets, widths  # noqa: E402
+from engine.rerank.cuda_passes import CudaPasses, row_buckets, widths  # noqa: E402
 from engine.rerank.pair_tokens import PairRow  # noqa: E402
 from engine.rerank.plan import RerankPlan  # noqa: E402
+from engine.rerank.token_rows import TokenRows  # noqa: E402
 
 WINDOW = 48
 
@@ -29,7 +30,7 @@ def model():
     return BertForSequenceClassification(config).eval()
 
 
-def _rows(n: int, seed: int) -> list[PairRow]:
+def _rows(n: int, seed: int) -> TokenRows:
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n):
@@ -37,14 +38,14 @@ def _rows(n: int, seed: int) -> list[PairRow]:
         query = int(rng.integers(2, length))
         ids = rng.integers(5, 500, length).astype(np.int64)
         rows.append(PairRow(ids, (np.arange(length) >= query).astype(np.int64)))
-    return rows
+    return TokenRows.of(rows)
 
 
-def _split(model, rows: list[PairRow]) -> np.ndarray:
+def _split(model, rows: TokenRows) -> np.ndarray:
     plan = RerankPlan(device="cpu", backend="torch", precision="fp32", compile=False, first_token=False)
     backend = TorchBackend(model, plan, 8, WINDOW, 0)
     assert backend.passes is None  # a CPU keeps the split path
-    return backend.logits(rows, [len(r.ids) for r in rows])
+    return backend.logits(rows, rows.lengths.tolist())
 
 
 def test_one_pass_gives_the_split_paths_logits(model):
@@ -67,11 +68,6 @@ def test_batches_started_before_the_last_is_collected_each_get_their_own(model):
     pending = [passes.launch(rows) for rows in batches]  # more passes than slots: the oldest are handed over
     for rows, started in zip(batches, pending, strict=True):
         np.testing.assert_allclose(started.result(), _split(model, rows), atol=1e-4)
-
-
-def test_token_types_are_remade_from_each_rows_query_length():
-    rows = [PairRow(np.arange(7), np.array([0, 0, 0, 1, 1, 1, 1])), PairRow(np.arange(3), np.zeros(3, np.int64))]
-    assert query_lengths(rows, np.array([7, 3], dtype=np.int32)).tolist() == [3, 3]
 
 
 def test_buckets_hold_the_window_and_the_token_budget():

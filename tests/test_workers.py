@@ -313,3 +313,28 @@ def test_the_channel_carries_a_callers_errors_and_refuses_strangers(tmp_path):
     assert isinstance(refused.value, ServiceError) and refused.value.status == 503
     assert refused.value.headers["Retry-After"] == "5"
     assert client.status()["reachable"] is False
+
+
+def test_a_client_keeps_its_connection_counts_its_bytes_and_outlives_a_restarted_callee(tmp_path):
+    """Calls share one kept connection (one thread in the callee, not one a call); a callee started
+    again since is reached on a new connection without the caller seeing the old one fail."""
+    from serving.worker_channel import ChannelClient
+
+    channel = Channel(tmp_path, b"k" * 32)
+    seen: list[str] = []
+    handlers = {"echo": lambda x: (seen.append(threading.current_thread().name), x)[1]}
+    server = ChannelServer(channel, 0, handlers)
+    client = ChannelClient(channel, 0)
+    try:
+        assert [client.call("echo", i, timeout_s=5) for i in range(5)] == list(range(5))
+        assert len({name for name in seen}) == 1 and len(client._idle) == 1  # one connection, one thread
+        stats = client.stats()
+        assert stats["calls"] == 5 and 0 < stats["bytes_sent"] < 5 * 200 and stats["bytes_received"] > 0
+        server.close(5)
+        server = ChannelServer(channel, 0, handlers)  # the callee back: the kept connection is stale
+        assert client.call("echo", "again", timeout_s=5) == "again"
+    finally:
+        client.close()
+        server.close(5)
+    with pytest.raises(WorkerUnreachable):  # nobody listens: no retry hides that
+        client.call("echo", 1, timeout_s=1)

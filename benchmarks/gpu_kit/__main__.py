@@ -98,19 +98,26 @@ SERVING = {  # stage -> (name of its results, one reranker process, serve's othe
 }
 
 
-def _stage_seconds(url: str) -> dict[str, tuple[float, float]]:
-    """``/metrics``' per-stage histograms (every worker's): stage -> (seconds summed, count)."""
+CHANNEL = ("reranker_calls", "reranker_channel_bytes", "reranker_process_seconds")
+
+
+def _stage_seconds(url: str) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """``/metrics``' per-stage histograms (every worker's): stage -> (seconds summed, count); and the
+    channel to the reranker process: calls, bytes (both ways), seconds inside it."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     found: dict[str, list[float]] = {}
+    channel: dict[str, float] = dict.fromkeys(CHANNEL, 0.0)
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        if family.name in CHANNEL:
+            channel[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
         if family.name != "search_stage_seconds":
             continue
         for sample in family.samples:
             if sample.name.endswith(("_sum", "_count")):
                 found.setdefault(sample.labels["stage"], [0.0, 0.0])[sample.name.endswith("_count")] += sample.value
-    return {stage: (total, count) for stage, (total, count) in found.items()}
+    return {stage: (total, count) for stage, (total, count) in found.items()}, channel
 
 
 def serving(out: Path, stage: str, small: bool) -> int:
@@ -144,10 +151,18 @@ def serving(out: Path, stage: str, small: bool) -> int:
         report["start_s"] = round(time.perf_counter() - started, 1)
         bench_http("rest", f"{url}/search_nfcorpus", queries[:40], [8])  # warm-up: every worker, every bucket
         for clients in levels:
-            before, process_before = _stage_seconds(url), _process(url)
+            (before, channel_before), process_before = _stage_seconds(url), _process(url)
             asked = many if clients == max(scale["clients"]) else queries
             run = bench_http("rest", f"{url}/search_nfcorpus", asked, [clients])["runs"][0]
-            after, process_after = _stage_seconds(url), _process(url)
+            (after, channel_after), process_after = _stage_seconds(url), _process(url)
+            calls = channel_after["reranker_calls"] - channel_before["reranker_calls"]
+            if calls:  # a call a query: what one carried, and its time inside the reranker process
+                run["channel_per_call"] = {
+                    "bytes": round((channel_after["reranker_channel_bytes"] - channel_before["reranker_channel_bytes"]) / calls),
+                    "process_ms": round(
+                        1000 * (channel_after["reranker_process_seconds"] - channel_before["reranker_process_seconds"]) / calls, 2
+                    ),
+                }
             run["stage_ms_mean"] = {
                 stage: round(1000 * (total - before.get(stage, (0, 0))[0]) / (count - before.get(stage, (0, 0))[1]), 2)
                 for stage, (total, count) in after.items()

@@ -44,6 +44,7 @@ def _model(layers: int):
 def _rows(n: int, window: int, seed: int = 0):
     """Pair rows as NFCorpus gives them: 9 in 10 fill the window (abstracts run ~400 tokens)."""
     from engine.rerank.pair_tokens import PairRow
+    from engine.rerank.token_rows import TokenRows
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -53,7 +54,7 @@ def _rows(n: int, window: int, seed: int = 0):
         ids = rng.integers(1000, 30000, length).astype(np.int64)
         ids[0], ids[query - 1], ids[-1] = 101, 102, 102
         rows.append(PairRow(ids, (np.arange(length) >= query).astype(np.int64)))
-    return rows
+    return TokenRows.of(rows)
 
 
 def _sync() -> None:
@@ -150,7 +151,7 @@ def micro(out: Path, small: bool = False) -> int:
             capture_s = time.perf_counter() - began
             for n in scale["rows"]:
                 rows = _rows(n, window)
-                lengths = [len(r.ids) for r in rows]
+                lengths = rows.lengths.tolist()
                 reference = split.logits(rows, lengths)
                 entry = {"layers": layers, "window": window, "rows": n, "graph_state": graphs.state}
                 entry["capture_s"] = round(capture_s, 2)

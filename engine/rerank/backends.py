@@ -12,8 +12,9 @@ import numpy as np
 
 from engine.rerank.cuda_passes import CudaPasses
 from engine.rerank.onnx import OnnxCrossEncoder
-from engine.rerank.pair_tokens import PairRow, pad_rows
+from engine.rerank.pair_tokens import pad_rows
 from engine.rerank.plan import RerankPlan
+from engine.rerank.token_rows import TokenRows
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +27,15 @@ class OnnxBackend:
         self.compile_state = "off"
         self.passes_state = "off"
 
-    def launch(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], np.ndarray]:
+    def launch(self, rows: TokenRows, lengths: list[int]) -> Callable[[], np.ndarray]:
         logits = self.logits(rows, lengths)
         return lambda: logits
 
-    def logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
-        logits = np.empty(len(rows), dtype=np.float32)
+    def logits(self, rows: TokenRows, lengths: list[int]) -> np.ndarray:
+        pairs = rows.pairs()
+        logits = np.empty(len(pairs), dtype=np.float32)
         for batch in batches(lengths, self.batch_size):
-            logits[batch] = self.onnx.run(pad_rows([rows[i] for i in batch], self.pad_id))
+            logits[batch] = self.onnx.run(pad_rows([pairs[i] for i in batch], self.pad_id))
         return logits
 
 
@@ -82,7 +84,7 @@ class TorchBackend:
             self.passes = CudaPasses(model, pad_id, max_length, max(max_tokens, batch_size * max_length), plan.graphs)
             self.passes_state = self.passes.state
 
-    def launch(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], np.ndarray]:
+    def launch(self, rows: TokenRows, lengths: list[int]) -> Callable[[], np.ndarray]:
         """``rows``' logits started: on CUDA's one-pass path queued at once (the GPU runs while the
         caller goes on), else computed now; the callable returned gives them."""
         import torch
@@ -95,7 +97,7 @@ class TorchBackend:
         logits = self.logits(rows, lengths)
         return lambda: logits
 
-    def logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
+    def logits(self, rows: TokenRows, lengths: list[int]) -> np.ndarray:
         import torch
 
         if self.passes is not None:
@@ -118,14 +120,15 @@ class TorchBackend:
                 self.model.to("cpu").float()
                 self.device = "cpu"
 
-    def _logits(self, rows: list[PairRow], lengths: list[int]) -> np.ndarray:
+    def _logits(self, rows: TokenRows, lengths: list[int]) -> np.ndarray:
         import torch
 
         device = next(self.model.parameters()).device
-        logits = np.empty(len(rows), dtype=np.float32)
+        pairs = rows.pairs()
+        logits = np.empty(len(pairs), dtype=np.float32)
         with torch.inference_mode():
             for part in batches(lengths, self.batch_size):
-                features = pad_rows([rows[i] for i in part], self.pad_id)
+                features = pad_rows([pairs[i] for i in part], self.pad_id)
                 if self.compiled is not None:
                     try:
                         logits[part] = self.compiled(features)

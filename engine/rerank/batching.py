@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from engine.rerank.cross_encoder import PreparedPairs, Reranker
 from engine.rerank.pair_assembly import PassageTokens
-from engine.rerank.pair_tokens import PairRow
+from engine.rerank.token_rows import WireRows
 
 IN_FLIGHT = 2  # batches on the GPU at once: one running, one prepared behind it (CudaPasses' two slots)
 
@@ -39,7 +39,7 @@ class _Request:
 
     @property
     def tokens(self) -> int:
-        return sum(len(row.ids) for row in self.prepared.rows)
+        return self.prepared.rows.tokens
 
 
 class RerankBatcher:
@@ -159,7 +159,14 @@ def _raise(exc: Exception):
     return collect
 
 
-def score_rows(reranker: Reranker, calls: list[tuple[list[PairRow], list[int]]]) -> list[list[float]]:
-    """Several callers' pair rows (made where their score cache is: a Ray replica's callers), scored
-    in one pass; each gets back its own scores."""
-    return reranker.finish_together([PreparedPairs([None] * len(rows), [], rows, lengths) for rows, lengths in calls])
+def sent_rows(wire: WireRows) -> PreparedPairs:
+    """A caller's rows as it sent them (made where its score cache is: a worker of ``serve --workers
+    N``, a Ray replica), ready for :meth:`RerankBatcher.finish` or ``finish_together``; sorted, where
+    passes are, by their tokens."""
+    rows = wire.rows()
+    return PreparedPairs([None] * len(rows), [], rows, rows.lengths.tolist())
+
+
+def score_rows(reranker: Reranker, calls: list[WireRows]) -> list[list[float]]:
+    """Several callers' pair rows (a Ray replica's callers), scored in one pass; each gets back its own scores."""
+    return reranker.finish_together([sent_rows(wire) for wire in calls])

@@ -15,6 +15,7 @@ from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairRow, PairTokenizer
 from engine.rerank.plan import RerankerError, native_bf16, plan_reranker
+from engine.rerank.token_rows import TokenRows
 from engine.retrieval.encoder import resolve_model
 from engine.store.tokens import CHARS_PER_TOKEN, TextTokenizer
 
@@ -56,7 +57,7 @@ class PreparedPairs:
 
     scores: list[float | None]
     keys: list[bytes]
-    rows: list[PairRow]
+    rows: TokenRows
     lengths: list[int]
 
 
@@ -106,8 +107,8 @@ class PairPreparer:
         """:meth:`finish_together` in two halves: the model started now (on CUDA, queued on the GPU),
         the scores when the callable returned is called, so that a batcher prepares its next batch
         while this one runs."""
-        rows = [row for p in prepared for row in p.rows]
-        started = self._start(rows, [n for p in prepared for n in p.lengths]) if rows else list
+        rows = TokenRows.joined([p.rows for p in prepared])
+        started = self._start(rows, [n for p in prepared for n in p.lengths]) if len(rows) else list
         return lambda: self._handed_out(prepared, started())
 
     def _handed_out(self, prepared: Sequence[PreparedPairs], computed: list[float]) -> list[list[float]]:
@@ -115,7 +116,7 @@ class PairPreparer:
         fresh = iter(computed)
         scores = []
         for p in prepared:
-            mine = [next(fresh) for _ in p.rows]
+            mine = [next(fresh) for _ in range(len(p.rows))]
             if self.cache is not None:
                 self.cache.keep(p.keys, mine)
             computed = iter(mine)
@@ -135,13 +136,14 @@ class PairPreparer:
         left = [j for j, row in enumerate(rows) if row is None]
         for j, row in zip(left, self.tokenize.rows([texts[j] for j in left]) if left else [], strict=True):
             rows[j] = row
-        return PreparedPairs(found, [keys[i] for i in todo] if keys else [], rows, [len(q) + len(p) for q, p in texts])
+        made = TokenRows.of(rows)
+        return PreparedPairs(found, [keys[i] for i in todo] if keys else [], made, [len(q) + len(p) for q, p in texts])
 
-    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+    def _scores(self, rows: TokenRows, lengths: list[int]) -> list[float]:
         """The model's scores of ``rows`` (``lengths``: the characters they are sorted by)."""
         raise NotImplementedError
 
-    def _start(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], list[float]]:
+    def _start(self, rows: TokenRows, lengths: list[int]) -> Callable[[], list[float]]:
         """:meth:`_scores` started; the callable gives them (here computed at once)."""
         scores = self._scores(rows, lengths)
         return lambda: scores
@@ -235,10 +237,10 @@ class Reranker(PairPreparer):
         shown = self.plan.shown() | {"compile": self.compile_state, "batch_size": self.batch_size}
         return shown | {"one_pass": self.backend.passes_state}
 
-    def _scores(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+    def _scores(self, rows: TokenRows, lengths: list[int]) -> list[float]:
         return self._start(rows, lengths)()
 
-    def _start(self, rows: list[PairRow], lengths: list[int]) -> Callable[[], list[float]]:
+    def _start(self, rows: TokenRows, lengths: list[int]) -> Callable[[], list[float]]:
         import torch
 
         logits = self.backend.launch(rows, lengths)
@@ -250,9 +252,9 @@ class Reranker(PairPreparer):
             return []
         cut = self.max_length * CHARS_PER_TOKEN
         texts = [(query, passage[:cut]) for query, passage in pairs]
-        return self._logits(self.tokenize.rows(texts), [len(q) + len(p) for q, p in texts])
+        return self._logits(TokenRows.of(self.tokenize.rows(texts)), [len(q) + len(p) for q, p in texts])
 
-    def _logits(self, rows: list[PairRow], lengths: list[int]) -> list[float]:
+    def _logits(self, rows: TokenRows, lengths: list[int]) -> list[float]:
         return [float(s) for s in self.backend.logits(rows, lengths)]
 
 

@@ -5,9 +5,9 @@ The path it replaces split each gathered batch into 128-row passes, padded each 
 three int64 arrays from pageable memory and met a host sync inside the forward (transformers' mask
 check), so the GPU idled between small launches (docs/gpu.md). Here a batch is:
 
-- padded once, vectorised, into a pinned slot: the token ids (int32) and two numbers a row, its
-  length and its query's length; the attention mask and token type ids are made on the GPU from
-  those, so a call carries a third of the bytes and nothing is padded twice;
+- padded once, vectorised, into a pinned slot from :class:`~engine.rerank.token_rows.TokenRows`:
+  the token ids (int32) and two numbers a row, its length and its query's length; the attention
+  mask and token type ids are made on the GPU from those;
 - copied, run and its logits copied back by work queued on one stream, without a host sync: the
   caller gets a :class:`Pending` at once and syncs only when it wants the scores. Two slots
   alternate, so a batch is padded while the one before it runs;
@@ -27,12 +27,11 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from contextlib import nullcontext
 
 import numpy as np
 
-from engine.rerank.pair_tokens import PairRow
+from engine.rerank.token_rows import TokenRows
 
 log = logging.getLogger(__name__)
 WIDTH_STEP = 32  # widths are padded up to a multiple of this (and never past the window)
@@ -49,14 +48,6 @@ def row_buckets(width: int, max_tokens: int) -> list[int]:
     """The pass sizes at ``width``: :data:`ROW_BUCKETS` up to the batch's token budget (at least 8)."""
     cap = max(max_tokens // width, ROW_BUCKETS[0])
     return [n for n in ROW_BUCKETS if n <= cap] or [ROW_BUCKETS[0]]
-
-
-def query_lengths(rows: Sequence[PairRow], lengths: np.ndarray) -> np.ndarray:
-    """Each row's tokens before its passage (``[CLS]`` query ``[SEP]``): its token type ids are 0
-    there and 1 after, so the GPU remakes them from this one number."""
-    starts = np.zeros(len(rows), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    return lengths - np.add.reduceat(np.concatenate([row.types for row in rows]), starts).astype(np.int32)
 
 
 class Pending:
@@ -135,37 +126,41 @@ class CudaPasses:
         if graphs and cuda:
             self._capture()
 
-    def __call__(self, rows: Sequence[PairRow]) -> np.ndarray:
+    def __call__(self, rows: TokenRows) -> np.ndarray:
         return self.launch(rows).result()
 
-    def launch(self, rows: Sequence[PairRow]) -> Pending:
+    def launch(self, rows: TokenRows) -> Pending:
         """Queue ``rows``' passes on the GPU and return at once; the logits come with ``result()``."""
         pending = Pending(len(rows))
-        lengths = np.fromiter((len(row.ids) for row in rows), dtype=np.int32, count=len(rows))
-        width = self.widths[bisect.bisect_left(self.widths, int(lengths.max()))] if len(rows) else 0
-        most = self.rows[width][-1] if len(rows) else 0
-        order = np.argsort(lengths, kind="stable") if len(rows) > most else np.arange(len(rows))
-        for start in range(0, len(rows), most or 1):
+        if not len(rows):
+            return pending
+        width = self._width(rows)
+        most = self.rows[width][-1]
+        if len(rows) <= most:
+            self._launch(rows, np.arange(len(rows)), pending)
+            return pending
+        order = np.argsort(rows.lengths, kind="stable")  # passes of like lengths pad less
+        for start in range(0, len(rows), most):
             part = order[start : start + most]
-            self._launch([rows[i] for i in part], lengths[part], part, pending)
+            self._launch(rows.take(part), part, pending)
         return pending
 
-    def _launch(self, rows: list[PairRow], lengths: np.ndarray, where: np.ndarray, pending: Pending) -> None:
+    def _width(self, rows: TokenRows) -> int:
+        return self.widths[bisect.bisect_left(self.widths, int(rows.lengths.max()))]
+
+    def _launch(self, rows: TokenRows, where: np.ndarray, pending: Pending) -> None:
         torch = self.torch
-        n = len(rows)
-        width = self.widths[bisect.bisect_left(self.widths, int(lengths.max()))]
+        n, width = len(rows), self._width(rows)
         buckets = self.rows[width]
         size = buckets[bisect.bisect_left(buckets, n)]
         with self._launching:
             slot = self.slots[self._turn]
             self._turn = (self._turn + 1) % SLOTS
             slot.collect()  # the last pass here hands its logits over before this one's replace them
-            ids = slot.ids_np[: size * width].reshape(size, width)
-            ids.fill(self.pad_id)
-            ids[:n][np.arange(width) < lengths[:, None]] = np.concatenate([row.ids for row in rows])
+            rows.padded(slot.ids_np[: size * width].reshape(size, width), self.pad_id)
             meta = slot.meta_np[: 2 * size].reshape(2, size)
             meta[:, n:] = 1  # a padding row: its first token alone
-            meta[0, :n], meta[1, :n] = lengths, query_lengths(rows, lengths)
+            meta[0, :n], meta[1, :n] = rows.lengths, rows.query_lengths
             host_ids, host_meta = slot.ids[: size * width].view(size, width), slot.meta[: 2 * size].view(2, size)
             with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
                 graph = self.graphs.get((size, width))
