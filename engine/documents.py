@@ -9,6 +9,8 @@ payload of the agent message protocol.
 from __future__ import annotations
 
 import functools
+import json
+import math
 from datetime import date
 from typing import Annotated, Any
 
@@ -18,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     StringConstraints,
     ValidationError,
     create_model,
@@ -26,6 +29,7 @@ from pydantic import (
 )
 
 Scalar = str | int | float | bool
+INT64 = range(-(2**63), 2**63)  # the integers SQLite holds (an equality filter's values are kept there)
 # a character Python's str.strip() keeps: JSON Schema's \s lacks the separators \x1c-\x1f it strips
 NON_BLANK = r"[^\s\x1c-\x1f]"
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512, pattern=NON_BLANK)]
@@ -63,17 +67,61 @@ def problems(exc: ValidationError, whole: str = "body") -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
 
 
-def checked_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
-    """A document's metadata as filters read it: flat scalars, ``date`` an ISO date (normalised),
-    ``document_type`` a string; a ValueError names the first key that is not."""
-    for key, value in metadata.items():
-        if not isinstance(value, Scalar | None):
-            raise ValueError(f"metadata.{key} must be a string, number, boolean or null")
-    if metadata.get(DATE) is not None:
-        metadata[DATE] = _iso_date(metadata[DATE], f"metadata.{DATE}").isoformat()
-    if metadata.get(DOCUMENT_TYPE) is not None and not isinstance(metadata[DOCUMENT_TYPE], str):
-        raise ValueError(f"metadata.{DOCUMENT_TYPE} must be a string")
+def kept_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A document's metadata as the store keeps it: any JSON, so that a BEIR record builds as
+    published and moves to the live API unchanged (:func:`filter_values` says which values filters
+    read), with a ``date`` that is an ISO date written YYYY-MM-DD. A ValueError names a key holding
+    NaN or Infinity (:func:`json_metadata`)."""
+    if (day := iso_day(json_metadata(metadata).get(DATE))) is not None:
+        metadata[DATE] = day
     return metadata
+
+
+def json_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` when SQLite can keep it as JSON; a ValueError names a key holding NaN or
+    Infinity, which Python reads in a JSON file but JSON has no way to write."""
+    for key, value in metadata.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise ValueError(f"metadata.{key} holds NaN or Infinity, which are not JSON") from None
+    return metadata
+
+
+def iso_day(value: object) -> str | None:
+    """``value`` as the YYYY-MM-DD that ``date_range`` reads: an ISO date or the day of an ISO
+    datetime; None for anything else (kept as sent, matched by no ``date_range``)."""
+    try:
+        return date.fromisoformat(value[:10]).isoformat() if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
+    """What ``document_types`` and ``date_range`` read of a document's metadata: a string
+    ``document_type`` and a ``date`` kept as an ISO date; another value under either key is kept
+    and matched by neither."""
+    kind, day = metadata.get(DOCUMENT_TYPE), metadata.get(DATE)
+    found = {DOCUMENT_TYPE: kind} if isinstance(kind, str) else {}
+    return found | ({DATE: day} if isinstance(day, str) and iso_day(day) == day else {})
+
+
+def filter_values(value: object) -> list[Scalar] | None:
+    """What an equality filter on a key holding ``value`` matches: a string, number or boolean
+    itself, or each one a list holds (membership; its nulls skipped); nothing for null. None: a
+    value filters cannot read (an object, a list holding one or a list, an integer past 64 bits),
+    kept, and refused by name when a filter asks for its key."""
+    if value is None:
+        return []
+    values = [v for v in value if v is not None] if isinstance(value, list) else [value]
+    return values if all(map(filterable, values)) else None
+
+
+def filterable(value: object) -> bool:
+    """A value an equality filter can compare: a string, boolean, finite number, integer within 64 bits."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str | bool) or (isinstance(value, int) and value in INT64)
 
 
 def unit_id(document_id: str, chunk_id: str) -> str:
@@ -86,7 +134,12 @@ class ChunkIn(BaseModel):
 
     chunk_id: Name
     content: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-    metadata: dict[str, Scalar | None] = Field(default_factory=dict)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _json(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        return json_metadata(metadata)
 
 
 class DocumentIn(BaseModel):
@@ -97,14 +150,14 @@ class DocumentIn(BaseModel):
     document_id: Name
     document_name: Annotated[str, StringConstraints(strip_whitespace=True, max_length=1024)] = ""
     chunks: list[ChunkIn] = Field(min_length=1)
-    metadata: dict[str, Scalar | None] = Field(default_factory=dict)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
     embedding_model: str | None = None
     total_chunks: int | None = Field(None, ge=1)
 
     @field_validator("metadata")
     @classmethod
-    def _reserved_keys(cls, metadata: dict[str, Any]) -> dict[str, Any]:
-        return checked_metadata(metadata)
+    def _kept(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        return kept_metadata(metadata)
 
     @model_validator(mode="after")
     def _whole(self) -> DocumentIn:
@@ -120,7 +173,8 @@ class DocumentIn(BaseModel):
 
 class Filters(BaseModel):
     """Narrow a search; every given condition must hold. Any key besides the three named ones is
-    equality on that metadata key (a chunk's own metadata first, then its document's)."""
+    equality on that metadata key (a chunk's own metadata first, then its document's): its value,
+    or one of its list's (:func:`filter_values`)."""
 
     model_config = ConfigDict(
         extra="allow",
@@ -146,7 +200,7 @@ class Filters(BaseModel):
     @model_validator(mode="after")
     def _equalities(self) -> Filters:
         for key, value in (self.model_extra or {}).items():
-            if not isinstance(value, Scalar) or not key.strip():
+            if not filterable(value) or not key.strip():
                 raise ValueError(
                     f"filter {key!r} must be a non-blank metadata key equal to a string, number or boolean"
                 )
@@ -164,14 +218,9 @@ class Filters(BaseModel):
 def _iso_date(value: Any, field: str) -> date:
     if isinstance(value, date):
         return value
-    try:
-        return date.fromisoformat(str(value)[:10]) if isinstance(value, str) else _fail(field, value)
-    except ValueError:
-        return _fail(field, value)
-
-
-def _fail(field: str, value: Any) -> date:
-    raise ValueError(f"{field}: {value!r} is not an ISO date (YYYY-MM-DD)")
+    if (day := iso_day(value)) is None:
+        raise ValueError(f"{field}: {value!r} is not an ISO date (YYYY-MM-DD)")
+    return date.fromisoformat(day)
 
 
 # The one statement of what a search may ask: every door validates with it, and the OpenAPI

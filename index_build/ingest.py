@@ -100,7 +100,8 @@ def _valid(path: Path, payload: object, where: str = "") -> DocumentIn:
 
 
 def _beir(path: Path) -> list[DocumentIn]:
-    """``{"_id", "title", "text", "metadata"?}`` per line: one document of one chunk each, as built."""
+    """``{"_id", "title", "text", "metadata"?}`` per line: one document of one chunk each, as built
+    (its metadata whole, as a build keeps it)."""
     try:
         records = list(read_jsonl(path, "document"))
     except DatasetError as exc:
@@ -108,11 +109,10 @@ def _beir(path: Path) -> list[DocumentIn]:
     documents = []
     for record in records:
         title, text = record.get("title") or "", record.get("text") or ""
-        metadata = {k: v for k, v in (record.get("metadata") or {}).items() if not isinstance(v, dict | list)}
         payload = {
             "document_id": record["_id"],
             "document_name": title,
-            "metadata": metadata,
+            "metadata": record.get("metadata") or {},
             "chunks": [{"chunk_id": record["_id"], "content": text or title}],
         }
         documents.append(_valid(path, payload, f" ({record['_id']})"))

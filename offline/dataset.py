@@ -1,8 +1,10 @@
 """BEIR-format datasets: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
 
-Real BEIR files carry CRLF line ends and optional titles; everything else that is wrong is
-reported as a :class:`DatasetError` naming the file, the line and the problem, because a silently
-skipped judgment or document would skew every number computed downstream.
+Real BEIR files carry CRLF line ends, optional titles and ``metadata`` of any JSON shape (a
+query's is data, never read; a document's is kept as published: :func:`engine.documents.kept_metadata`);
+everything else that is wrong is reported as a :class:`DatasetError` naming the file, the line and
+the problem, because a silently skipped judgment or document would skew every number computed
+downstream.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.documents import checked_metadata
+from engine.documents import json_metadata, kept_metadata
 from engine.text import chunk_text
 
 
@@ -28,7 +30,7 @@ class Document:
     doc_id: str
     title: str
     text: str
-    metadata: dict = field(default_factory=dict, compare=False)  # a record's own "metadata" object, if any
+    metadata: dict = field(default_factory=dict, compare=False)  # a record's own "metadata" object, as kept
 
     @property
     def contents(self) -> str:
@@ -92,7 +94,7 @@ class StreamedCorpus(Mapping[str, Document]):
 
 
 def _document(obj: dict) -> Document:
-    return Document(obj["_id"], obj.get("title") or "", obj["text"], checked_metadata(obj.get("metadata") or {}))
+    return Document(obj["_id"], obj.get("title") or "", obj["text"], kept_metadata(obj.get("metadata") or {}))
 
 
 @dataclass
@@ -149,8 +151,9 @@ def fingerprint(root: str | Path) -> str:
 
 
 def read_jsonl(path: Path, what: str) -> Iterator[dict]:
-    """Records of a BEIR JSONL file, each an object with a unique ``_id`` and some text; a
-    DatasetError names the file and line of the first that is not."""
+    """Records of a BEIR JSONL file, each an object with a unique ``_id`` and some text (a document's
+    ``metadata`` an object the store can keep); a DatasetError names the file and line of the first
+    that is not."""
     for _, obj in read_jsonl_at(path, what):
         yield obj
 
@@ -186,16 +189,21 @@ def read_jsonl_at(path: Path, what: str) -> Iterator[tuple[int, dict]]:
             text = obj.get("text")
             if not isinstance(text, str) or not (text.strip() or str(obj.get("title") or "").strip()):
                 raise DatasetError(f"{where}: {what} {doc_id!r} has empty text")
-            metadata = obj.get("metadata") or {}  # BEIR's optional per-record object, as filters read it
-            if not isinstance(metadata, dict):
-                raise DatasetError(f"{where}: {what} {doc_id!r} has metadata that is not an object")
-            try:
-                checked_metadata(metadata)
-            except ValueError as exc:
-                raise DatasetError(f"{where}: {what} {doc_id!r}: {exc}") from None
+            if what == "document":  # a query's metadata (evidence, narratives...) is never read
+                _check_metadata(obj.get("metadata") or {}, f"{where}: {what} {doc_id!r}")
             yield at, obj
     if not seen:
         raise DatasetError(f"{path}: no {what} found")
+
+
+def _check_metadata(metadata: object, where: str) -> None:
+    """A document's optional ``metadata``: an object, any JSON in it (:func:`json_metadata`)."""
+    if not isinstance(metadata, dict):
+        raise DatasetError(f"{where} has metadata that is not an object")
+    try:
+        json_metadata(metadata)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: {exc}") from None
 
 
 def read_qrels(path: Path, corpus: Mapping[str, object], queries: Mapping[str, str]) -> Qrels:

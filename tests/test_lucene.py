@@ -84,6 +84,8 @@ def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_pat
             "date": f"202{i % 5}-0{1 + i % 9}-01",
         }
         index.add(f"d-{i:02d}", [(f"d-{i:02d}", _text(i))], metadata[f"d-{i:02d}"] | {"source": i})
+    # kept as sent, matched by no filter on type or date (as the store's expression indexes read them)
+    index.add("d-odd", [("d-odd", _text(3))], {"document_type": ["review"], "date": "2022-02-30"})
     index.refresh()
     day = datetime.date.fromisoformat
     cases = [

@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.documents import DATE, DOCUMENT_TYPE, Filters
+from engine.documents import DATE, DOCUMENT_TYPE, Filters, reserved_fields
 from engine.retrieval.java import start_jvm
 from engine.retrieval.protocol import Query, Ranking, Within, live_only
 from engine.store.index_dir import IndexDirError
@@ -398,7 +398,8 @@ class LuceneIndex:
     # writing
     def add(self, document_id: str, units: Iterable[tuple[str, str]], metadata: dict | None = None) -> None:
         """Add (unit id, contents) chunks of a document (a build: nothing to replace); its
-        ``metadata``'s ``FILTER_FIELDS`` become each chunk's terms."""
+        ``metadata``'s ``FILTER_FIELDS`` become each chunk's terms where filters read them
+        (:func:`~engine.documents.reserved_fields`)."""
         self._writer.addDocuments(self._docs(document_id, units, metadata))
 
     def replace(self, document_id: str, units: Iterable[tuple[str, str]], metadata: dict | None = None) -> None:
@@ -424,7 +425,7 @@ class LuceneIndex:
 
     def _docs(self, document_id: str, units: Iterable[tuple[str, str]], metadata: dict | None):
         j = self.j
-        terms = [(key, value) for key in FILTER_FIELDS if isinstance(value := (metadata or {}).get(key), str)]
+        terms = reserved_fields(metadata or {}).items()
         docs = j.ArrayList()
         for unit, contents in units:
             doc = j.Document()

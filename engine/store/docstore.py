@@ -11,17 +11,28 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.documents import DATE, DOCUMENT_TYPE, Filters, unit_id
+from engine.documents import DATE, DOCUMENT_TYPE, Filters, filter_values, unit_id
+from engine.errors import INVALID_PARAMS, ServiceError
 from engine.store.index_dir import IndexDirError
 from engine.store.tokens import TextTokens
 from engine.store.unit_map import UnitMap
 from engine.text import chunk_text
 
 log = logging.getLogger(__name__)
+# chunk_fields' value for metadata filters cannot read (an object...): a blob, which no filter's
+# value equals, and which sorts after every number and string (found by a range on the key)
+UNREADABLE = b""
+
+
+class UnfilterableKey(ServiceError, ValueError):
+    """A filter names a metadata key that some document holds in a shape filters cannot read: 422."""
+
+    status, jsonrpc_code = 422, INVALID_PARAMS
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -177,8 +188,17 @@ class DocStore:
         return [r for (r,) in self._conn().execute(query, (document_id,))]
 
     def matching(self, filters: Filters) -> dict[str, int]:
-        """unit id -> row of every chunk the filters allow."""
-        return dict(self._conn().execute(*matching_sql(filters, bool(self.meta("fields_indexed")))))
+        """unit id -> row of every chunk the filters allow; :class:`UnfilterableKey` for an equality
+        on a key some chunk holds as an object (or another value :func:`filter_values` cannot read)."""
+        conn = self._conn()
+        for key in filters.equalities:
+            if conn.execute(_UNREADABLE_HELD, (key, UNREADABLE)).fetchone():
+                raise UnfilterableKey(
+                    f"filter {key!r}: some documents hold metadata.{key} as an object, a list of lists or objects"
+                    " or an integer past 64 bits, which filters cannot read (they read strings, numbers, booleans"
+                    " and lists of them)"
+                )
+        return dict(conn.execute(*matching_sql(filters, bool(self.meta("fields_indexed")))))
 
     def plan(self, query: str, args: Sequence) -> list[str]:
         """SQLite's plan for ``query``: how it finds the rows (an index, or a scan of a table)."""
@@ -245,6 +265,7 @@ class DocStore:
             self._local.conn = None
 
 
+_UNREADABLE_HELD = "SELECT 1 FROM chunk_fields WHERE key = ? AND value >= ? LIMIT 1"
 _CHUNK_SELECT = (
     "SELECT c.unit_id, c.document_id, c.chunk_id, c.title, c.content, d.name, d.metadata, c.metadata, c.row,"
     " t.ids, t.width, t.total, t.overrun"
@@ -254,10 +275,12 @@ _CHUNK_SELECT = (
 
 def matching_sql(filters: Filters, fields_indexed: bool = True) -> tuple[str, list]:
     """The query for :meth:`DocStore.matching`: document type and date through their expression
-    indexes (``documents_by_type``, ``documents_by_date``), a document's chunks through
+    indexes (``documents_by_type``, ``documents_by_date``; a date a valid YYYY-MM-DD, as Lucene's
+    terms hold them: :func:`engine.documents.reserved_fields`), a document's chunks through
     ``chunks_of_document``, which holds what the query reads (no chunk's text is read), equality
-    on any other metadata key through ``chunk_fields`` (each chunk's scalar metadata, its own over
-    its document's), or, in a store written before that table, from every row."""
+    on any other metadata key through ``chunk_fields`` (each chunk's scalars and lists' members,
+    its own over its document's), or, in a store written before that table, from every row too
+    (the scalars its rows were limited to then)."""
     where: list[str] = []
     args: list = []
     if filters.document_types:
@@ -267,24 +290,26 @@ def matching_sql(filters: Filters, fields_indexed: bool = True) -> tuple[str, li
         args += filters.document_types
     if filters.date_range:
         start, end = filters.date_range
-        where.append(f"json_extract(d.metadata, '$.{DATE}') IS NOT NULL")
+        day = f"json_extract(d.metadata, '$.{DATE}')"
+        where.append(f"{day} IS NOT NULL AND date({day}, '+0 days') = {day}")  # not a date kept as sent
         if start:
-            where.append(f"json_extract(d.metadata, '$.{DATE}') >= ?")
+            where.append(f"{day} >= ?")
             args.append(start.isoformat())
         if end:
-            where.append(f"json_extract(d.metadata, '$.{DATE}') <= ?")
+            where.append(f"{day} <= ?")
             args.append(end.isoformat())
     if filters.document_ids:
         where.append(f"c.document_id IN ({','.join('?' * len(filters.document_ids))})")
         args += filters.document_ids
     for key, value in filters.equalities.items():
+        fields = "c.row IN (SELECT row FROM chunk_fields WHERE key = ? AND value = ?)"
         if fields_indexed:
-            where.append("c.row IN (SELECT row FROM chunk_fields WHERE key = ? AND value = ?)")
+            where.append(fields)
             args += [key, value]
         else:
             path = "$." + json.dumps(key)
-            where.append("coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ?")
-            args += [path, path, value]
+            where.append(f"(coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ? OR {fields})")
+            args += [path, path, value, key, value]
     query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
     if where:
         query += " WHERE " + " AND ".join(where)
@@ -352,15 +377,19 @@ def _insert(
 
 def _insert_fields(conn: sqlite3.Connection, chunks: Iterable[tuple[int, dict | None, dict | None]]) -> None:
     """``chunk_fields`` of each (row, its document's metadata, its own): the keys an equality
-    filter can match, strings, numbers and booleans, the chunk's own over its document's (a null
-    leaves the document's value, as ``coalesce`` did)."""
+    filter can match, a string, number or boolean or each of a list's (:func:`filter_values`), the
+    chunk's own over its document's (a null leaves the document's value, as ``coalesce`` did); a
+    value filters cannot read is kept as :data:`UNREADABLE`."""
 
-    def scalars(metadata: dict | None) -> dict:
-        return {k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float) and k.strip()}
+    def fields(row: int, shared: dict | None, own: dict | None) -> Iterator[tuple[str, object, int]]:
+        merged = (shared or {}) | {k: v for k, v in (own or {}).items() if v is not None}
+        for key, value in merged.items():
+            if key.strip():
+                values = filter_values(value)
+                yield from ((key, v, row) for v in ([UNREADABLE] if values is None else values))
 
     conn.executemany(
-        "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)",
-        [(key, value, row) for row, shared, own in chunks for key, value in (scalars(shared) | scalars(own)).items()],
+        "INSERT OR IGNORE INTO chunk_fields VALUES (?, ?, ?)", [f for chunk in chunks for f in fields(*chunk)]
     )
 
 

@@ -63,7 +63,8 @@ def pseudo_queries(chunks: Sequence[Chunk], n: int, seed: int = 0) -> list[Pseud
 
 def _make(kind: str, chunk: Chunk, rng: random.Random) -> PseudoQuery | None:
     if kind == "heading":
-        heading = chunk.metadata.get("section") or _title(chunk)
+        section = chunk.metadata.get("section")  # a file's heading; a record's may be of any shape
+        heading = (section if isinstance(section, str) else None) or _title(chunk)
         if not heading or not MIN_WORDS <= len(heading.split()) <= MAX_WORDS:
             return None
         title = chunk.title.replace(heading, " ").strip()
