@@ -22,8 +22,11 @@ def a2a_v03_send(part: dict) -> dict:
     return {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": "message/send", "params": {"message": message}}
 
 
-async def door_load(door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float) -> dict:
+async def door_load(
+    door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float, documents: list[str] = ()
+) -> dict:
     """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles.
+    The ``rerank`` door (``/v1/rerank``) sends each query with ``documents`` and asks for ``top_k``.
 
     REST and A2A go through aiohttp, kept-alive connections, one a client: the load client shares the
     server's cores here, and httpx spent several times aiohttp's CPU a request (docs/experiments.md,
@@ -41,7 +44,7 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
             query = queue.get_nowait()
             started = time.perf_counter()
             try:
-                await _one_request(door, url, client, session, query, top_k)
+                await _one_request(door, url, client, session, query, top_k, documents)
                 latencies.append(time.perf_counter() - started)
             except Exception as exc:
                 errors[f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"] += 1
@@ -68,9 +71,10 @@ async def door_load(door: str, url: str, queries: list[str], concurrency: int, t
     }
 
 
-async def _one_request(door: str, url: str, client, session, query: str, top_k: int) -> None:
-    if door == "rest":
-        async with client.post(url, json={"query": query, "top_k": top_k}) as reply:
+async def _one_request(door: str, url: str, client, session, query: str, top_k: int, documents: list[str]) -> None:
+    if door in ("rest", "rerank"):
+        body = {"query": query, "top_n": top_k, "documents": documents} if door == "rerank" else {"query": query, "top_k": top_k}
+        async with client.post(url, json=body) as reply:
             reply.raise_for_status()
             found = len((await reply.json())["results"])
         if found != top_k:
@@ -88,12 +92,18 @@ async def _one_request(door: str, url: str, client, session, query: str, top_k: 
         if state != "completed":
             raise ValueError(f"task {state or 'missing'}: {text[:160]}")
     else:
-        raise ValueError(f"unknown front door {door!r} (rest, mcp or a2a)")
+        raise ValueError(f"unknown front door {door!r} (rest, rerank, mcp or a2a)")
 
 
 def bench_http(
-    door: str, url: str, queries: list[str], concurrency: list[int], top_k: int = 5, timeout: float = 60
+    door: str,
+    url: str,
+    queries: list[str],
+    concurrency: list[int],
+    top_k: int = 5,
+    timeout: float = 60,
+    documents: list[str] = (),
 ) -> dict:
     """End-to-end latency through one front door at each concurrency level."""
-    runs = [asyncio.run(door_load(door, url, queries, c, top_k, timeout)) for c in concurrency]
+    runs = [asyncio.run(door_load(door, url, queries, c, top_k, timeout, documents)) for c in concurrency]
     return {"door": door, "url": url, "queries": len(queries), "runs": runs}

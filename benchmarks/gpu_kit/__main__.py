@@ -185,9 +185,31 @@ def serving(out: Path, stage: str, small: bool) -> int:
             keys = ("device", "reranker", "reranker_runtime", "reranker_plan", "rerank_depth", "retrieval_device")
             report |= {key: health.get(key) for key in keys} | {"reranker_process": health.get("reranker_process")}
             save(report | {"door": "rest", "queries": len(queries)}, name, out)  # each level kept as it ends
+        if stage == "shared":  # the same reranker process for callers' own candidates: Cohere's /v1/rerank
+            report["v1_rerank"] = _rerank_api(url, queries, scale)
+            save(report | {"door": "rest", "queries": len(queries)}, name, out)
     finally:
         print(f"server exit code {stop_server(server)}")
     return 0
+
+
+def _rerank_api(url: str, queries: list[str], scale: dict, clients: int = 16, documents: int = 100) -> dict:
+    """``/v1/rerank`` at ``clients`` clients, each call a dev query and ``documents`` of the corpus:
+    pairs a second through the door, beside the reranker process's own busy pairs a second."""
+    from offline.dataset import load_dataset
+    from offline.door_load import bench_http
+
+    corpus = load_dataset(Path(os.environ["HYBRID_SEARCH_DATA_DIR"])).corpus.values()
+    texts = [d.contents for _, d in zip(range(documents), corpus)]
+    before = _process(url)
+    run = bench_http("rerank", f"{url}/v1/rerank", queries, [clients], documents=texts)["runs"][0]
+    after = _process(url)
+    run["pairs_per_s"] = round(run["qps"] * documents)
+    if before and after:
+        seconds = after["model_seconds"] - before["model_seconds"]
+        run["reranker_process_pairs_per_s_busy"] = round((after["pairs"] - before["pairs"]) / max(seconds, 1e-9))
+    print(json.dumps({"v1_rerank": run}), flush=True)
+    return run
 
 
 def _process(url: str) -> dict | None:
