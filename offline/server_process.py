@@ -133,6 +133,23 @@ def workers_up(url: str, seconds: float = 90, roles: tuple[str, ...] = ("writer"
     return pids
 
 
+def all_workers_up(url: str, seconds: float = 120) -> int:
+    """Once every worker of ``serve --workers N`` answers (each new connection reaches one the kernel
+    picks, and ``/health`` names it), their count. A load begun before that puts every kept-alive
+    connection on the first workers up (a GPU run of 2026-11-28 sent all 1,296 queries to one)."""
+    deadline, pids = time.time() + seconds, set()
+    while time.time() < deadline:
+        try:
+            with httpx.Client(base_url=url, timeout=10) as client:
+                health = client.get("/health").json()
+            pids.add(health["worker"]["pid"])
+            if len(pids) >= health["workers"]:
+                return len(pids)
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{len(pids)} workers answered at {url} within {seconds:g} s")
+
+
 def sigkill(pid: int, seconds: float = 30, every_thread: bool = True) -> float:
     """SIGKILL ``pid`` and wait until it has let go of its sockets; the seconds that took.
     (``every_thread=False``: only until its leader is a zombie, too early, for

@@ -94,7 +94,8 @@ SERVING = {  # stage -> (name of its results, one reranker process, serve's othe
     "shared": ("workers-shared-reranker", True, ()),  # the workers encode queries and search on the CPU
     "shared-gpu-encoder": ("workers-shared-reranker-gpu-encoder", True, ("--shared-query-encoder", "on")),
     "workers": ("workers-own-reranker", False, ()),
-    "no-rerank": ("workers-no-rerank", False, ("--no-rerank",)),  # the host's ceiling: at the most clients only
+    # the host's ceiling, at the most clients only, its workers searching on the CPU as under the reranker process
+    "no-rerank": ("workers-no-rerank", False, ("--no-rerank", "--retrieval-device", "cpu")),
 }
 
 
@@ -131,13 +132,13 @@ def serving(out: Path, stage: str, small: bool) -> int:
 
     from offline.door_load import bench_http
     from offline.latency import save
-    from offline.server_process import free_port, start_server, stop_server
+    from offline.server_process import all_workers_up, free_port, start_server, stop_server
 
     scale = SMALL if small else FULL
     name, shared, flags = SERVING[stage]
     queries = _dev_queries(scale["queries"])
     many = queries * -(-scale["many_queries"] // len(queries))
-    levels = scale["clients"][-1:] if stage == "no-rerank" else scale["clients"]
+    levels = (max(scale["clients"]),) if stage == "no-rerank" else scale["clients"]
     port = free_port()
     args = ["serve", "--mcp-port", str(port), "--no-a2a", "--workers", scale["workers"]]
     args += ["--shared-reranker", "on" if shared else "off", *_reranker_args(), "--rerank-depth", "100"]
@@ -148,6 +149,7 @@ def serving(out: Path, stage: str, small: bool) -> int:
     server = start_server(args, f"{url}/health", out / f"{name}-server.log")
     report: dict = {"workers": scale["workers"], "shared_reranker": shared, "flags": list(flags), "runs": []}
     try:
+        report["workers_up"] = all_workers_up(url)
         report["start_s"] = round(time.perf_counter() - started, 1)
         bench_http("rest", f"{url}/search_nfcorpus", queries[:40], [8])  # warm-up: every worker, every bucket
         for clients in levels:
