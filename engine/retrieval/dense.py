@@ -96,6 +96,8 @@ class DenseRetriever:
     (:func:`engine.retrieval.encoder.load_query_encoder`).
     """
 
+    reads_vector = True
+
     def __init__(
         self,
         checkpoint: DenseCheckpoint,

@@ -88,21 +88,32 @@ def _run_stages(
     if engine.follower is not None:
         engine.follower.catch_up()
     watch = Stopwatch()
-    with _retriever("dense"):
-        vector = engine.dense.encode_query(query)  # before the view lock: a refresh never waits on the encoder
-    watch.lap("encode")
+    # the query's vector made on another thread (ONNX Runtime lets go of the GIL) while the retrievers
+    # that read only its text (BM25) run here; "encode" is then the wait for it that was left
+    encoding = engine.encoder_pool.submit(engine.dense.encode_query, query)
     depths = {"bm25": max(s.bm25_depth, top_k), "dense": max(s.dense_depth, top_k), "memory": s.memory_depth}
+    retrievers = engine.retrievers()
     with engine.view_lock.reading():
         allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
         if allowed is None:
             within = Within(engine.dense.units)
         else:
             within = Within(allowed, allowed, allowed.rows, filters)
-        asked, found = Query(query, vector, exclude), {}
-        for name, retriever in engine.retrievers().items():  # in the stopwatch's order
-            with _retriever(name):
-                found[name] = retriever.retrieve(asked, depths[name], within) if retriever is not None else []
-            watch.lap(name)
+        asked, found = Query(query, None, exclude), {}
+        for reading_vector in (False, True):
+            if reading_vector:
+                with _retriever("dense"):
+                    vector = encoding.result()
+                watch.lap("encode")
+                asked = Query(query, vector, exclude)
+            for name, retriever in retrievers.items():
+                if retriever is None:
+                    found[name] = []
+                elif retriever.reads_vector == reading_vector:
+                    with _retriever(name):
+                        found[name] = retriever.retrieve(asked, depths[name], within)
+                    watch.lap(name)
+        found = {name: found[name] for name in retrievers}  # fusion reads them in the registry's order
         bm25, dense, memory = found["bm25"], found["dense"], found["memory"]
         rankings = {name: [d for d, _ in hits] for name, hits in found.items()}
         weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
