@@ -87,7 +87,7 @@ class RemoteWriter:
         """The writer closes itself."""
 
 
-DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running")
+DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running", "gflop_per_pair")
 
 
 class RemoteReranker(PairPreparer):

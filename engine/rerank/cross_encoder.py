@@ -232,6 +232,16 @@ class Reranker(PairPreparer):
         return self.backend.compile_state
 
     @property
+    def gflop_per_pair(self) -> float:
+        """A pair's work at the window, in GFLOP: each token through every layer's weights, and the
+        attention's two products over the window (the embeddings are lookups); what depth x window
+        costs a query (docs/gpu.md)."""
+        config = self.model.transformers_model.config
+        width, length = config.hidden_size, self.max_length
+        per_token = 4 * width * width + 2 * width * config.intermediate_size
+        return round(2 * config.num_hidden_layers * (per_token * length + 2 * length * length * width) / 1e9, 3)
+
+    @property
     def running(self) -> dict:
         """The plan as carried out: what ``/health`` shows."""
         shown = self.plan.shown() | {"compile": self.compile_state, "batch_size": self.batch_size}

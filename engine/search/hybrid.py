@@ -396,6 +396,7 @@ class HybridEngine:
             "rerank_depth": self.rerank_depth,
             "rerank_blend": s.rerank_blend if r else None,
             "rerank_max_length": r.max_length if r else None,
+            "rerank_gflop_per_query": _gflop(r, self.rerank_depth),
             "rerank_memory_context": r.memory_context if r else None,
         }
 
@@ -445,3 +446,9 @@ class HybridEngine:
         what :meth:`stages` read under the view lock (a write since cannot take a row from it)."""
         ranking = result.final[:top_k]
         return make_hits(result, top_k, result.chunks, self.similarity(result, ranking), similarity_threshold)
+
+
+def _gflop(reranker, depth: int) -> float | None:
+    """A query's reranking work at ``depth`` (None: no reranker, or one that does not say)."""
+    per_pair = getattr(reranker, "gflop_per_pair", None) if reranker else None
+    return round(per_pair * depth, 1) if per_pair else None
