@@ -17,6 +17,7 @@ from pathlib import Path
 
 from engine.documents import DATE, DOCUMENT_TYPE, Filters, filter_values, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
+from engine.store.chunk_cache import ChunkCache
 from engine.store.index_dir import IndexDirError
 from engine.store.tokens import TextTokens
 from engine.store.unit_map import UnitMap
@@ -94,6 +95,7 @@ class DocStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._local = threading.local()
+        self._cache: ChunkCache[Chunk] = ChunkCache()
         try:
             conn = self._conn()
             conn.executescript(_SCHEMA)
@@ -143,13 +145,27 @@ class DocStore:
         return found, units
 
     def chunks(self, unit_ids: Iterable[str]) -> dict[str, Chunk]:
+        """The chunks of ``unit_ids`` the store holds, from the cache of those read lately where it
+        has them (:mod:`engine.store.chunk_cache`); the others read in one snapshot with the version."""
         ids = list(dict.fromkeys(unit_ids))
-        found: dict[str, Chunk] = {}
-        for start in range(0, len(ids), 500):
-            part = ids[start : start + 500]
-            query = _CHUNK_SELECT + f" WHERE c.unit_id IN ({','.join('?' * len(part))})"
-            found.update((c.unit_id, c) for c in map(_chunk, self._conn().execute(query, part)))
-        return found
+        conn = self._conn()
+        snapshot = not conn.in_transaction  # inside a write's transaction: that is the snapshot
+        if snapshot:
+            conn.execute("BEGIN")  # the version and the rows of one snapshot
+        try:
+            (version,) = conn.execute("SELECT coalesce(max(value), 0) FROM meta WHERE key = 'version'").fetchone()
+            found = self._cache.found(ids, version)
+            read: dict[str, Chunk] = {}
+            missing = [unit for unit in ids if unit not in found]
+            for start in range(0, len(missing), 500):
+                part = missing[start : start + 500]
+                query = _CHUNK_SELECT + f" WHERE c.unit_id IN ({','.join('?' * len(part))})"
+                read.update((c.unit_id, c) for c in map(_chunk, conn.execute(query, part)))
+        finally:
+            if snapshot:
+                conn.execute("COMMIT")
+        self._cache.keep(read, version)
+        return found | read
 
     def contents_by_row(self) -> list[tuple[int, str]]:
         """(row, contents) of every chunk, in row order."""
@@ -394,6 +410,9 @@ def _insert_fields(conn: sqlite3.Connection, chunks: Iterable[tuple[int, dict | 
 
 
 def _set_meta(conn: sqlite3.Connection, seq: int | None, next_row: int | None) -> None:
+    """A write's marks, in its transaction: the log's seq applied, the next free row, and the store's
+    ``version`` (every write: what the chunk cache of every process checks)."""
+    conn.execute("INSERT INTO meta VALUES ('version', 1) ON CONFLICT(key) DO UPDATE SET value = value + 1")
     if seq is not None:
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('applied_seq', ?)", (seq,))
     if next_row is not None:
