@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from engine.documents import DocumentIn, Query, SearchRequest
+from engine.search.explain import Explanation
 
 AgentId = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
 
@@ -61,6 +62,9 @@ class RetrievedChunk(BaseModel):
     similarity_score: float
     source_document: str
     metadata: dict[str, Any] = Field(default_factory=dict)
+    explanation: Explanation | None = Field(
+        None, exclude_if=lambda value: value is None, description='only with "explain": true in the request'
+    )
 
 
 class RetrievalResult(BaseModel):

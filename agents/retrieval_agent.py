@@ -36,8 +36,9 @@ def engine_port(engine: HybridEngine) -> SearchPort:
     """The engine itself as a search port, on a thread: for an agent outside a server."""
 
     async def search(request: SearchRequest, door: str) -> list[Hit]:
+        options = engine.options_for(request)
         return await asyncio.to_thread(
-            engine.search, request.query, request.top_k, request.filters, request.similarity_threshold, door=door
+            engine.search, request.query, request.top_k, request.filters, request.similarity_threshold, options, door
         )
 
     return search
@@ -78,6 +79,7 @@ class RetrievalAgent:
                 similarity_score=h.similarity_score,
                 source_document=h.source_document or h.document_id,
                 metadata={**h.metadata, "document_id": h.document_id, "title": h.title},
+                explanation=h.explanation,
             )
             for h in hits
         ]

@@ -38,6 +38,7 @@ METAVARS = {
     "distil_from": "DIR",
     "memory_context": "N",
     "student_layers": "N",
+    "request_controls": "CONTROL,...",
 }
 M = typing.TypeVar("M", bound=BaseModel)
 
@@ -45,7 +46,8 @@ M = typing.TypeVar("M", bound=BaseModel)
 WHERE = ("index_dir", "device")
 LIVE = ("encode_batch_size", "refresh_interval_s", "checkpoint_bytes")
 SET_BY_SERVE = ("followed",)  # a process's part in a served whole, not the user's to choose
-SEARCH = tuple(n for n in PARTS["engine"].model_fields if n not in LIVE + SET_BY_SERVE)
+TABLES = ("retrievers",)  # a table by name: given in TOML or the environment, not as a flag
+SEARCH = tuple(n for n in PARTS["engine"].model_fields if n not in LIVE + SET_BY_SERVE + TABLES)
 
 
 def add_settings(parser: argparse.ArgumentParser, names: Iterable[str], help: dict[str, str] | None = None) -> None:
@@ -88,7 +90,7 @@ def _add(group: argparse._ArgumentGroup, name: str, field: FieldInfo, help: str 
         options["type"] = kind
         options["metavar"] = METAVARS.get(name, "DIR" if name.endswith("_dir") else None)
     else:  # e.g. replica bounds: the setting parses the text ("2", "1-4")
-        options["metavar"] = "N"
+        options["metavar"] = METAVARS.get(name, "N")
     if options.get("metavar") is None:
         options.pop("metavar", None)
     group.add_argument(flag, **options)

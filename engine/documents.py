@@ -12,7 +12,7 @@ import functools
 import json
 import math
 from datetime import date
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -36,6 +36,8 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max
 # reserved document metadata with a meaning of their own (filters read them)
 DOCUMENT_TYPE, DATE = "document_type", "date"
 MAX_TOP_K = 100
+# the widest a request may set a stage (a server's settings may pin a control, never widen these)
+MAX_DEPTH, MAX_RERANK_DEPTH, MAX_WEIGHT, MAX_RRF_K = 1000, 200, 100.0, 1000.0
 MAX_QUERY_CHARS = 4000  # Settings.max_query_chars' default: what the agent protocol and the solver take
 
 
@@ -59,6 +61,12 @@ def query_text(max_chars: int = MAX_QUERY_CHARS) -> Any:
 Query = query_text()
 TopK = Annotated[int, Field(ge=1, le=MAX_TOP_K, strict=True), BeforeValidator(_whole)]
 Threshold = Annotated[float, Field(ge=0, le=1, strict=True)]
+Depth = Annotated[int, Field(ge=1, le=MAX_DEPTH, strict=True), BeforeValidator(_whole)]
+RerankDepth = Annotated[int, Field(ge=1, le=MAX_RERANK_DEPTH, strict=True), BeforeValidator(_whole)]
+Weight = Annotated[float, Field(ge=0, le=MAX_WEIGHT, strict=True)]
+# a retriever's name as the engine registers it (bm25, dense, memory, ...); which exist is the index's to say
+RETRIEVER_NAME = r"^[a-z][a-z0-9_]{0,63}$"
+RetrieverName = Annotated[str, StringConstraints(pattern=RETRIEVER_NAME)]
 
 
 def problems(exc: ValidationError, whole: str = "body") -> str:
@@ -229,8 +237,9 @@ def _iso_date(value: Any, field: str) -> date:
 SEARCH_TOOL = "search_nfcorpus"  # the benchmark's name for a search: the MCP tool, the REST path, the A2A client's call
 
 
-class SearchRequest(BaseModel):
-    """A search: the question, how many results, and optionally filters and a similarity threshold."""
+class QueryRequest(BaseModel):
+    """A search: the question, how many results, and optionally filters and a similarity threshold
+    (what the benchmark's ``search_nfcorpus`` takes, and nothing more)."""
 
     query: Query = Field(description="the question")
     top_k: TopK = Field(5, description="how many results to return")
@@ -240,9 +249,61 @@ class SearchRequest(BaseModel):
     )
 
     @classmethod
-    def limited(cls, max_chars: int) -> type[SearchRequest]:
+    def limited(cls, max_chars: int) -> type[QueryRequest]:
         """This model with queries of at most ``max_chars`` (the ``max_query_chars`` setting)."""
         return _limited(cls, max_chars)
+
+
+class FusionControls(BaseModel):
+    """How this request's candidates are fused, in place of the server's settings (unset: as served)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["rrf", "learned"] | None = Field(
+        None, description="rrf: reciprocal rank fusion alone; learned: the index's trained fusion over RRF's candidates"
+    )
+    k: Annotated[float, Field(gt=0, le=MAX_RRF_K, strict=True)] | None = Field(None, description="RRF's constant k")
+    weights: dict[RetrieverName, Weight] | None = Field(
+        None,
+        description='each retriever\'s weight in RRF, e.g. {"bm25": 1, "dense": 0.5, "memory": 0}; 0 leaves its'
+        " candidates out; a retriever not named keeps the server's weight",
+    )
+
+
+class RerankControls(BaseModel):
+    """Whether and how deep the cross-encoder reranks this request's fused candidates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: Annotated[bool, Field(strict=True)] | None = Field(None, description="false: serve the fused order")
+    depth: RerankDepth | None = Field(None, description="fused candidates the reranker rescores")
+
+
+class RetrieverControls(BaseModel):
+    """One first-stage retriever's part in this request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth: Depth | None = Field(None, description="candidates this retriever hands to fusion")
+
+
+class SearchRequest(QueryRequest):
+    """A search with, optionally, an explanation of each hit and this request's own fusion,
+    reranking and retriever depths, within the limits the server sets."""
+
+    explain: Annotated[bool, Field(strict=True)] = Field(
+        False, description="each hit carries every stage's rank and score and how its final place was formed"
+    )
+    fusion: FusionControls | None = Field(None, description='e.g. {"method": "rrf", "weights": {"bm25": 1}}')
+    rerank: RerankControls | None = Field(None, description='e.g. {"enabled": false} or {"depth": 50}')
+    retrievers: dict[RetrieverName, RetrieverControls] | None = Field(
+        None, description='per retriever, e.g. {"dense": {"depth": 200}}'
+    )
+
+    @property
+    def controlled(self) -> bool:
+        """Whether the request departs from the server's fusion, reranking or depths."""
+        return any(v is not None for v in (self.fusion, self.rerank, self.retrievers))
 
 
 @functools.cache

@@ -4,6 +4,7 @@ layers' (:mod:`serving.settings`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,6 +25,29 @@ def _unset(value: object) -> object:
 
 MaybeStr = Annotated[str | None, BeforeValidator(_unset)]
 MaybePath = Annotated[Path | None, BeforeValidator(_unset)]
+
+# what a request may change of the served fusion, reranking and depths (engine/documents.py: SearchRequest)
+CONTROLS = ("fusion.method", "fusion.k", "fusion.weights", "rerank.enabled", "rerank.depth", "retrievers.depth")
+BUILT_IN = ("bm25", "dense", "memory")  # retrievers whose depth and weight are settings of their own names
+
+
+def _json(value: object) -> object:
+    """A table given as text (an environment variable): JSON."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _listed(value: object) -> object:
+    """A list given as text (a flag, a variable): comma-separated; empty for none."""
+    return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+
+class RetrieverSettings(BaseModel):
+    """One first-stage retriever's part in fusion."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth: int = Field(100, ge=1, description="candidates it hands to fusion")
+    weight: float = Field(1.0, ge=0, description="its weight in RRF (0: its candidates are not fused)")
 
 
 class EngineSettings(BaseModel):
@@ -70,6 +94,23 @@ class EngineSettings(BaseModel):
     memory_neighbors: int = Field(10, ge=1, description="similar training queries that vote in the judgment memory")
     memory_depth: int = Field(100, ge=1, description="judgment-memory candidates to fuse")
     memory_weight: float = Field(1.5, ge=0, description="judgment-memory weight in RRF (tuned on dev)")
+    retrievers: Annotated[dict[str, RetrieverSettings], BeforeValidator(_json)] = Field(
+        default_factory=dict,
+        description="depth and weight of each retriever registered beside bm25, dense and memory, by name ([engine."
+        "retrievers.NAME] in TOML); those three read their own settings (--bm25-depth, --bm25-weight, ...)",
+    )
+    request_controls: Annotated[list[Literal[CONTROLS]], BeforeValidator(_listed)] = Field(
+        list(CONTROLS),
+        description="what a search request may change, comma-separated (default: all of "
+        + ", ".join(CONTROLS)
+        + "); the others stay as served, and a request setting one is refused by name",
+    )
+    max_request_depth: int | None = Field(
+        None, ge=1, description="deepest a request may set a retriever's depth (default: the request's own limit, 1000)"
+    )
+    max_request_rerank_depth: int | None = Field(
+        None, ge=1, description="deepest a request may set the rerank depth (default: the request's own limit, 200)"
+    )
     adapted: bool = Field(
         True,
         description="serve what `build --adapt` learned from the documents when its held-out check paid (an index"
@@ -167,6 +208,13 @@ class EngineSettings(BaseModel):
         description="other processes follow this writer (set by serve --workers and --ray, not a flag): each"
         " refresh that applied writes commits Lucene and publishes its position for them",
     )
+
+    def retriever(self, name: str) -> RetrieverSettings:
+        """``name``'s depth and weight: bm25, dense and memory from their own settings, another from
+        ``retrievers`` (by default 100 candidates of weight 1)."""
+        if name in BUILT_IN:
+            return RetrieverSettings(depth=getattr(self, f"{name}_depth"), weight=getattr(self, f"{name}_weight"))
+        return self.retrievers.get(name) or RetrieverSettings()
 
     def rerank_depth_for(self, device: str) -> int:
         """On a CPU the cross-encoder is the cost: the top 20 at 96 tokens keep a query with the

@@ -2,7 +2,8 @@
 
 Each training query runs through the engine as a new query would, left out of the judgment memory
 (otherwise the memory hands it its own labels and the model learns to trust the memory blindly);
-every RRF candidate becomes a row of :data:`engine.fusion.learned.FEATURES` labelled with its grade.
+every RRF candidate becomes a row of :func:`engine.fusion.learned.feature_names` (the engine's
+retrievers) labelled with its grade.
 LightGBM LambdaMART, deterministic: the same index and judgments give the same model. 15 leaves and
 200 trees were chosen on dev (``benchmarks/results/learned-fusion-dev.json``; docs/experiments.md,
 "Retired benchmarks").
@@ -17,13 +18,13 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from engine.fusion.calibration import Calibration
-from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, LearnedFusion, fusion_features
+from engine.fusion.learned import CARD_FILE, MODEL_FILE, LearnedFusion, feature_names, fusion_features
 from engine.search import HybridEngine, SearchOptions
 from engine.settings import EngineSettings
 from engine.store.index_dir import FUSION_DIR, Manifest
@@ -54,14 +55,20 @@ def collect(
     for qid in track(query_ids, "fusion features", "query", enabled=progress):
         text = dataset.queries[qid]
         result = engine.stages(text, top_k=1, exclude=qid)
-        rows.append(fusion_features(text, result.retrieved, result.rrf))
+        rows.append(fusion_features(text, result.retrieved, result.rrf, list(result.retrieved)))
         grades += [max(0, qrels[qid].get(d, 0)) for d, _ in result.rrf]
         groups.append(len(result.rrf))
     return np.vstack(rows), np.asarray(grades), groups
 
 
 def fit(
-    features: np.ndarray, grades: np.ndarray, groups: list[int], leaves: int = LEAVES, trees: int = TREES, seed: int = 0
+    features: np.ndarray,
+    grades: np.ndarray,
+    groups: list[int],
+    names: Sequence[str],
+    leaves: int = LEAVES,
+    trees: int = TREES,
+    seed: int = 0,
 ):
     """LambdaMART with exponential gains (2^grade - 1) up to the highest grade seen."""
     import lightgbm
@@ -78,10 +85,12 @@ def fit(
         n_jobs=os.cpu_count() or 1,
         verbose=-1,
     )
-    return model.fit(features, grades, group=groups, feature_name=list(FEATURES))
+    return model.fit(features, grades, group=groups, feature_name=list(names))
 
 
-def calibrate(features: np.ndarray, grades: np.ndarray, groups: list[int], seed: int = 0) -> Calibration:
+def calibrate(
+    features: np.ndarray, grades: np.ndarray, groups: list[int], names: Sequence[str], seed: int = 0
+) -> Calibration:
     """Fit the score calibration on out-of-fold scores: two models, each scoring the half of the
     queries it did not learn from, so the probabilities are those of a new query."""
     starts = np.cumsum([0, *groups])
@@ -90,7 +99,7 @@ def calibrate(features: np.ndarray, grades: np.ndarray, groups: list[int], seed:
     ranks = np.empty(len(grades))
     for learn, held in (halves, halves[::-1]):
         rows = np.concatenate([np.arange(starts[q], starts[q + 1]) for q in learn])
-        model = fit(features[rows], grades[rows], [groups[q] for q in learn], seed=seed)
+        model = fit(features[rows], grades[rows], [groups[q] for q in learn], names, seed=seed)
         for q in held:
             part = slice(starts[q], starts[q + 1])
             scores[part] = model.booster_.predict(features[part])
@@ -120,8 +129,9 @@ def train_fusion(
     if not query_ids:
         raise ValueError(f"{split}: no query with a positive judgment to learn a fusion from")
     features, grades, groups = collect(engine, dataset, qrels, query_ids, progress)
-    model = fit(features, grades, groups, seed=seed)
-    calibration = calibrate(features, grades, groups, seed)
+    names = feature_names(list(engine.retrievers()))
+    model = fit(features, grades, groups, names, seed=seed)
+    calibration = calibrate(features, grades, groups, names, seed)
     target = Path(settings.index_dir) / FUSION_DIR
     work = Path(tempfile.mkdtemp(prefix=f".{FUSION_DIR}-", dir=settings.index_dir))
     try:
@@ -129,7 +139,7 @@ def train_fusion(
         calibration.save(work)
         card = {
             "model": "LightGBM LambdaMART over the RRF candidates",
-            "features": list(FEATURES),
+            "features": list(names),
             "params": {"num_leaves": LEAVES, "n_estimators": TREES, "learning_rate": LEARNING_RATE, "seed": seed},
             "first_stage": settings.model_dump(include=FIRST_STAGE),
             "data": str(Path(dataset.root).resolve()),

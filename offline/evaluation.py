@@ -127,13 +127,12 @@ def stage_runs(
     runs: dict[str, Run] = {}
     for qid, text in track(queries.items(), "evaluating", "query", enabled=progress):
         result = engine.stages(text, top_k=1, options=options)
-        rankings = {"bm25": result.bm25, "dense": result.dense, "memory": result.memory, "rrf": result.rrf}
+        present = {name: ranking for name, ranking in result.retrieved.items() if engine.retrievers()[name] is not None}
+        rankings = {**present, "rrf": result.rrf}
         if result.fusion is not None:
             rankings["learned"] = result.fused
         elif engine.adapted is not None:
             rankings["adapted"] = result.fused
-        if engine.memory is None:
-            del rankings["memory"]
         for stage, ranking in rankings.items():
             ids = [d for d, _ in ranking[:depth]]
             runs.setdefault(stage, {})[qid] = ids

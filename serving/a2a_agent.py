@@ -1,4 +1,5 @@
-"""The A2A "purple agent": a message ``{"query": ..., "top_k": 5}`` in, ``{"doc_ids": [...]}`` out.
+"""The A2A "purple agent": a message ``{"query": ..., "top_k": 5}`` in, ``{"doc_ids": [...]}`` out
+(with ``"explain": true``, also ``"explanations"``, one a hit).
 
 Built on the official a2a-sdk (protocol 1.0) with its v0.3 compatibility switched on, because the
 benchmark's evaluator speaks 0.3. The reply is exactly one artifact with exactly one data part and
@@ -46,15 +47,19 @@ SKILL_ID = "nfcorpus_retrieval"
 class DocSearch(Protocol):
     """Where the agent's searches go: the in-process engine or a remote MCP tool."""
 
-    async def doc_ids(self, request: SearchRequest) -> list[str]: ...
+    async def answer(self, request: SearchRequest) -> dict:
+        """The reply's data part: ``doc_ids``, and ``explanations`` when the request asked."""
+        ...
 
 
 class EngineSearch:
     def __init__(self, service: SearchService) -> None:
         self.service = service
 
-    async def doc_ids(self, request: SearchRequest) -> list[str]:
-        return [hit.doc_id for hit in await self.service.search(request, door="a2a")]
+    async def answer(self, request: SearchRequest) -> dict:
+        hits = await self.service.search(request, door="a2a")
+        explained = [hit.explanation.model_dump(mode="json") for hit in hits] if request.explain else None
+        return {"doc_ids": [hit.doc_id for hit in hits], **({"explanations": explained} if request.explain else {})}
 
 
 class McpSearch:
@@ -63,22 +68,28 @@ class McpSearch:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    async def doc_ids(self, request: SearchRequest) -> list[str]:
+    async def answer(self, request: SearchRequest) -> dict:
         from mcp import Client
 
         arguments = {"query": request.query, "top_k": request.top_k}
         tool = SEARCH_TOOL
-        if request.filters is not None or request.similarity_threshold is not None:
+        narrowed = request.filters is not None or request.similarity_threshold is not None
+        if narrowed or request.explain or request.controlled:
             tool = "search"  # the general tool takes them; the benchmark's stays as it is
-            arguments["filters"] = request.filters.model_dump(exclude_none=True) if request.filters else None
-            arguments["similarity_threshold"] = request.similarity_threshold
+            arguments |= request.model_dump(
+                mode="json",
+                include={"filters", "similarity_threshold", "explain", "fusion", "rerank", "retrievers"},
+                exclude_none=True,
+            )
         async with Client(self.url) as client:
             result = await client.call_tool(tool, arguments)
         if result.is_error:
             message = " ".join(getattr(c, "text", "") for c in result.content).strip()
             raise BadRequest(f"MCP tool failed: {message or 'no message'}")
         results = (result.structured_content or {}).get("results", [])
-        return _unique([r["doc_id"] for r in results])[: request.top_k]
+        if request.explain:  # the general tool's chunks, one a hit
+            return {"doc_ids": [r["doc_id"] for r in results], "explanations": [r.get("explanation") for r in results]}
+        return {"doc_ids": _unique([r["doc_id"] for r in results])[: request.top_k]}
 
 
 def _unique(ids: list[str]) -> list[str]:
@@ -143,7 +154,7 @@ class RetrievalExecutor(AgentExecutor):
             return
         try:
             request = parse_message(list(context.message.parts), self.max_chars)
-            doc_ids = await asyncio.wait_for(self.search.doc_ids(request), timeout=self.timeout_s)
+            found = await asyncio.wait_for(self.search.answer(request), timeout=self.timeout_s)
         except ServiceError as exc:  # the caller is told why: a failed task
             await self._fail(updater, str(exc))
             return
@@ -154,7 +165,7 @@ class RetrievalExecutor(AgentExecutor):
             log.exception("search failed")
             await self._fail(updater, f"search failed: {exc}")
             return
-        await updater.add_artifact([new_data_part({"doc_ids": doc_ids})], name="doc_ids")
+        await updater.add_artifact([new_data_part(found)], name="doc_ids")
         await updater.complete()
 
     async def _solve(self, updater: TaskUpdater, payload: dict) -> None:
@@ -219,8 +230,11 @@ def agent_card(url: str, shown: Presentation, solver: bool = False) -> AgentCard
                 description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
                 "(or a data part with those keys, or plain text: the question, top 5; optional filters "
                 "{document_types, date_range, document_ids, "
-                "metadata key: value} and similarity_threshold 0..1). Output: one artifact with one data part "
-                f'{{"doc_ids": [...]}} holding top_k ranked, unique {shown.name} document ids.',
+                "metadata key: value} and similarity_threshold 0..1; this search's fusion {method, k, weights}, "
+                'rerank {enabled, depth} and retrievers {"dense": {"depth": N}}). Output: one artifact with one data'
+                " part "
+                f'{{"doc_ids": [...]}} holding top_k ranked, unique {shown.name} document ids; with "explain": true'
+                ' also "explanations", each hit\'s every stage rank and score.',
                 tags=["retrieval", "search", *shown.tags],
                 examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
                 input_modes=["text/plain", "application/json"],

@@ -61,9 +61,7 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         instructions=f"Search {shown.description} with hybrid BM25 + dense retrieval and reranking.",
         version="0.1.0",
     )
-    model = service.search_request
-
-    async def searched(arguments: dict):
+    async def searched(model: type[BaseModel], arguments: dict):
         try:
             return await service.search(validated(model, arguments), door="mcp")
         except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
@@ -72,18 +70,30 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     @server.tool(
         name=SEARCH_TOOL, description=f"Find the {shown.name} documents most relevant to a plain-English query."
     )
-    @takes(model, "query", "top_k")
+    @takes(service.query_request, "query", "top_k")
     async def search_nfcorpus(**arguments) -> SearchResponse:
-        return to_response(await searched(arguments))
+        return to_response(await searched(service.query_request, arguments))
 
     @server.tool(
         name="search",
         description="Search the index's chunks, optionally narrowed by filters (document_types, date_range"
-        " [from, to], document_ids, or equality on any metadata key) and a similarity_threshold (0-1).",
+        " [from, to], document_ids, or equality on any metadata key) and a similarity_threshold (0-1);"
+        ' explain: true says why each hit is where it is; fusion {"method", "k", "weights": {"bm25": 1, ...}},'
+        ' rerank {"enabled", "depth"} and retrievers {"dense": {"depth": N}} set this search\'s stages.',
     )
-    @takes(model, "query", "top_k", "filters", "similarity_threshold")
+    @takes(
+        service.search_request,
+        "query",
+        "top_k",
+        "filters",
+        "similarity_threshold",
+        "explain",
+        "fusion",
+        "rerank",
+        "retrievers",
+    )
     async def search(**arguments) -> ChunkResponse:
-        return to_chunks(await searched(arguments))
+        return to_chunks(await searched(service.search_request, arguments))
 
     if service.settings.serving.mcp_writes:
 

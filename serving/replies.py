@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from engine.errors import ServiceError
 from engine.search import Hit
+from engine.search.explain import Explanation
 
 DOCUMENT_URI = "document://{document_id}"  # the MCP resource template a hit's whole document is read at
 
@@ -49,6 +50,12 @@ class ChunkResult(SearchResult):
         " cosine of query and chunk): what similarity_threshold compares"
     )
     resource_uri: str = Field(description="the whole document with all its chunks: MCP resources/read of this URI")
+    explanation: Explanation | None = Field(
+        None,
+        exclude_if=lambda value: value is None,  # absent, not null, unless asked for: replies stay as they were
+        description='only with "explain": true: every stage\'s rank and score for this hit and how its place was'
+        " formed",
+    )
 
 
 class ChunkResponse(BaseModel):
@@ -74,6 +81,7 @@ def to_chunks(hits: list[Hit]) -> ChunkResponse:
                 metadata=h.metadata,
                 similarity_score=h.similarity_score,
                 resource_uri=document_uri(h.document_id),
+                explanation=h.explanation,
             )
             for h in hits
         ],

@@ -43,17 +43,19 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
     """Every REST route of a server around ``service``; ``door`` serves the agent protocol."""
     limit = service.settings.serving.max_body_bytes
 
-    def search(path: str, respond: Callable[[list[Hit]], BaseModel], summary: str, what: str) -> Op:
-        """A search route: the query model's body, the hits answered as the model ``respond`` returns."""
+    def search(
+        path: str, body: type[BaseModel], respond: Callable[[list[Hit]], BaseModel], summary: str, what: str
+    ) -> Op:
+        """A search route: a ``body`` of a search model, the hits answered as the model ``respond`` returns."""
 
         async def handler(request: Request) -> Response:
-            query = validated(service.search_request, await json_body(request, limit))
+            query = validated(body, await json_body(request, limit))
             answer = respond(await service.search(query, door="rest"))
             whole = {"missing_shards"} if answer.missing_shards is None else None  # said only when shards were
             return Response(answer.model_dump_json(exclude=whole), media_type="application/json")  # serialized once
 
         reply = get_type_hints(respond)["return"]
-        return Op(f"POST /{path}", handler, summary, what, (*BODY, *BUSY), reply=reply, body=service.search_request)
+        return Op(f"POST /{path}", handler, summary, what, (*BODY, *BUSY), reply=reply, body=body)
 
     async def post_document(request: Request) -> Response:
         ack = await service.upsert(await json_body(request, limit), wait=_waits(request))
@@ -91,8 +93,16 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
 
     docs, refresh = "/documents/{document_id:path}", {"refresh": {"enum": list(REFRESH)}}
     table = [
-        search(SEARCH_TOOL, to_response, "Top documents for a query (the MCP tool's twin)", "documents"),
-        search("search", to_chunks, "Top chunks for a query, with filters and a threshold", "ranked chunks"),
+        search(
+            SEARCH_TOOL, service.query_request, to_response, "Top documents for a query (the MCP tool's twin)", "documents"
+        ),
+        search(
+            "search",
+            service.search_request,
+            to_chunks,
+            "Top chunks for a query, with filters, a threshold, this request's fusion and reranking, explained",
+            "ranked chunks (each with its explanation when asked)",
+        ),
         Op(
             "POST /documents",
             post_document,

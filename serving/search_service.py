@@ -18,13 +18,13 @@ from agents.settings import trace_db_for
 from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
 from agents.traces import TraceStore
-from engine.documents import DocumentIn, SearchRequest
+from engine.documents import DocumentIn, QueryRequest, SearchRequest
 from engine.errors import ServiceError
 from engine.health import FailureCount
 from engine.live.writer import DocumentNotFound, Writer
 from engine.rerank.cross_encoder import Scorer
 from engine.retrieval.encoder import QueryEncoder
-from engine.search import Hit, HybridEngine
+from engine.search import Hit, HybridEngine, SearchOptions
 from serving.admission import Admission, Overloaded
 from serving.rerank_api import RerankRequest
 from serving.requests import BadRequest, validated
@@ -74,6 +74,8 @@ class SearchService:
         own)."""
         self.settings = settings
         self.search_request = SearchRequest.limited(settings.serving.max_query_chars)  # what a search may ask here
+        # what search_nfcorpus takes: its arguments as the benchmark knows them, no controls
+        self.query_request = QueryRequest.limited(settings.serving.max_query_chars)
         started = time.perf_counter()
         self._owns_engine = engine is None
         self.engine = engine or HybridEngine(
@@ -114,17 +116,19 @@ class SearchService:
         self.engine.stage_observers.append(self._observe)  # every search's stages, whoever asked
         self.admission = Admission(settings.serving.max_in_flight, settings.serving.max_queue_s, self.registry)
 
-    async def search(self, request: SearchRequest, door: str, admitted: bool = False) -> list[Hit]:
+    async def search(self, request: QueryRequest, door: str, admitted: bool = False) -> list[Hit]:
         """A door's search: admitted, within the time limit, off the event loop; errors are counted
         and re-raised for the door to phrase (the search itself: :meth:`HybridEngine.search`).
         ``admitted``: the caller holds a slot already (a ``/v1`` message's door, whose slot then
-        waits for this search's thread, past the time limit too)."""
+        waits for this search's thread, past the time limit too). Controls this engine cannot
+        honour are refused (422) before anything is counted or admitted."""
+        options = self.engine.options_for(request)
         self.requests.labels(door).inc()
         loop = asyncio.get_running_loop()
         try:
             async with self._slot(door, admitted) as outlive:
                 run = contextvars.copy_context().run  # the trace's context reaches the thread: stage spans
-                future = loop.run_in_executor(self._pool, run, self._search, request, door)
+                future = loop.run_in_executor(self._pool, run, self._search, request, options, door)
                 outlive(future)  # the slot is the thread's, past the time limit too
                 return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
         except Overloaded:
@@ -137,16 +141,16 @@ class SearchService:
             self.errors.labels(door, "internal").inc()
             raise
 
-    async def _admitted_search(self, request: SearchRequest, door: str) -> list[Hit]:
+    async def _admitted_search(self, request: QueryRequest, door: str) -> list[Hit]:
         return await self.search(request, door, admitted=True)
 
     def _slot(self, door: str, admitted: bool):
         """An admission slot, or for a caller holding one already, its door's (see :func:`left_running`)."""
         return _held_by_caller() if admitted else self.admission.slot(door)
 
-    def _search(self, request: SearchRequest, door: str) -> list[Hit]:
+    def _search(self, request: QueryRequest, options: SearchOptions, door: str) -> list[Hit]:
         return self.engine.search(
-            request.query, request.top_k, request.filters, request.similarity_threshold, door=door
+            request.query, request.top_k, request.filters, request.similarity_threshold, options, door=door
         )
 
     def _observe(self, seconds: Mapping[str, float]) -> None:

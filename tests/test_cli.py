@@ -33,6 +33,13 @@ def test_search_prints_a_table_and_json(index_dir, capsys):
     assert main(["search", "statins", "--top-k", "2", "--json", "--index-dir", str(index_dir), "--no-rerank"]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert len(hits) == 2 and {"doc_id", "bm25_rank", "dense_rank", "fused_score"} <= set(hits[0])
+    alone = ["--weights", "bm25=1,dense=0,memory=0", "--fusion", "rrf", "--no-rerank", "--explain"]
+    assert main(["search", "statins", "--top-k", "3", "--json", "--index-dir", str(index_dir), *alone]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert [hit["bm25_rank"] for hit in hits] == [1, 2, 3]
+    assert [hit["explanation"]["retrievers"]["bm25"]["rank"] for hit in hits] == [1, 2, 3]
+    assert main(["search", "statins", "--top-k", "2", "--index-dir", str(index_dir), "--explain"]) == 0
+    assert "-> rrf #" in capsys.readouterr().out
 
 
 def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
@@ -65,6 +72,9 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["build", "--data", "/nonexistent/data", "--index-dir", "/tmp/never"], "/nonexistent/data: no such folder"),
         (["evaluate", "--split", "test"], "no judgments for split 'test'"),
         (["search", "x", "--rrf-k", "-1"], "invalid settings: rrf_k"),
+        (["search", "x", "--weights", "bm25=-1"], "--weights.bm25: Input should be greater than or equal to 0"),
+        (["search", "x", "--weights", "bm25"], "--weights 'bm25': expected NAME=WEIGHT"),
+        (["search", "x", "--weights", "sparse=1"], "fusion.weights.sparse: no such retriever"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
         (["serve", "--ray", "--workers", "2"], "not --workers: leave out --workers"),
         (["serve", "--workers", "-1"], "invalid settings: workers: Input should be greater than or equal to 0"),
@@ -144,12 +154,12 @@ def test_every_setting_a_server_reads_is_a_serve_flag_with_its_description(capsy
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    from cli.flags import FLAG_NAMES, SET_BY_SERVE
+    from cli.flags import FLAG_NAMES, SET_BY_SERVE, TABLES
 
     for part in ("engine", "serving", "security", "telemetry", "agents", "scale_out"):
         for name, field in PARTS[part].model_fields.items():
             flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-            if name in SET_BY_SERVE:  # serve sets it on the processes it starts; no flag
+            if name in SET_BY_SERVE + TABLES:  # serve sets it on the processes it starts, or a table: no flag
                 assert flag not in out
                 continue
             assert flag in out, f"serve has no {flag} for {part}.{name}"

@@ -59,7 +59,7 @@ def test_judgment_memory_votes_with_training_judgments(engine, index_dir):
     left_out = engine.memory.search(engine.dense.encode_query("prostate and cancer effects"), 10, exclude="Q-train-soy")
     assert "D-soy-0" not in [d for d, _ in left_out]  # only its own judgments named it
     hits = engine.search("prostate and cancer effects", 3)
-    assert hits[0].memory_rank == 1 or any(h.doc_id == "D-soy-0" for h in hits)
+    assert hits[0].found.get("memory", (None,))[0] == 1 or any(h.doc_id == "D-soy-0" for h in hits)
 
 
 def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
@@ -70,9 +70,9 @@ def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
     first = [(h.doc_id, h.score) for h in engine.search("soy and men", 10)]
     assert first == [(h.doc_id, h.score) for h in engine.search("soy and men", 10)]
     hits = {h.doc_id: h for h in engine.search("markersoy1 isoflavones", 3)}
-    assert hits["D-soy-1"].bm25_rank == 1 and hits["D-soy-1"].title == "Soy report 1"
+    assert hits["D-soy-1"].found["bm25"][0] == 1 and hits["D-soy-1"].title == "Soy report 1"
     fused = dict(engine.stages("markersoy1 isoflavones", 3).fused)
-    assert hits["D-soy-1"].dense_rank is not None and hits["D-soy-1"].fused_score == fused["D-soy-1"]
+    assert "dense" in hits["D-soy-1"].found and hits["D-soy-1"].fused_score == fused["D-soy-1"]
     with pytest.raises(ValueError, match="empty"):
         engine.search("   ", 5)
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from engine.fusion.learned import CARD_FILE, FEATURES, MODEL_FILE, FusionModelError
+from engine.fusion.learned import CARD_FILE, MODEL_FILE, FusionModelError, feature_names
 from engine.search import HybridEngine
 from engine.settings import EngineSettings
 from engine.store.index_dir import FUSION_DIR
@@ -19,7 +19,8 @@ from offline.evaluation import evaluate_run
 def test_build_trains_a_fusion_with_a_card(index_dir):
     card = json.loads((index_dir / FUSION_DIR / CARD_FILE).read_text())
     assert card["train_split"] == "train" and card["train_queries"] == 8
-    assert card["features"] == list(FEATURES) and card["first_stage"]["rrf_k"] == EngineSettings().rrf_k
+    assert card["features"] == list(feature_names(["bm25", "dense", "memory"]))
+    assert card["first_stage"]["rrf_k"] == EngineSettings().rrf_k
     assert card["dev_rrf"]["queries"] == card["dev_learned"]["queries"] == 8
 
 

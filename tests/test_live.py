@@ -101,10 +101,10 @@ def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
         for query in ("kiwi orchard pruning note 1", "vitamin D supplements bone density falls"):
             assert all(h.document_id != "n1" for h in engine.search(query, 50))
         # a corpus document the judgment memory votes for stays gone once deleted
-        memory_pick = engine.stages("calcium and density effects", 5).memory[0][0]
+        memory_pick = engine.stages("calcium and density effects", 5).retrieved["memory"][0][0]
         engine.live.delete(memory_pick, wait=True)
         result = engine.stages("calcium and density effects", 5)
-        assert memory_pick not in {d for d, _ in result.memory + result.fused}
+        assert memory_pick not in {d for d, _ in result.retrieved["memory"] + result.fused}
     finally:
         engine.close()
     reopened = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False))

@@ -63,10 +63,10 @@ def test_every_stage_ranks_as_the_unsharded_index(engines):
     whole, sharded = engines
     for query in QUERIES:
         want, got = whole.stages(query, 10), sharded.stages(query, 10)
-        assert [d for d, _ in got.bm25] == [d for d, _ in want.bm25], query
-        assert [s for _, s in got.bm25] == pytest.approx([s for _, s in want.bm25], rel=1e-5)
-        assert got.dense == want.dense, query  # exact: the same vectors, ties by the same rows
-        assert got.memory == want.memory
+        assert [d for d, _ in got.retrieved["bm25"]] == [d for d, _ in want.retrieved["bm25"]], query
+        assert [s for _, s in got.retrieved["bm25"]] == pytest.approx([s for _, s in want.retrieved["bm25"]], rel=1e-5)
+        assert got.retrieved["dense"] == want.retrieved["dense"], query  # exact: the same vectors, ties alike
+        assert got.retrieved["memory"] == want.retrieved["memory"]
         assert [d for d, _ in got.final] == [d for d, _ in want.final], query
         assert [h.doc_id for h in sharded.search(query, 5)] == [h.doc_id for h in whole.search(query, 5)]
 

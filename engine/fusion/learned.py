@@ -4,7 +4,8 @@ RRF weighs every retriever's ranks with one fixed curve. A ranker trained on the
 judgments (LightGBM LambdaMART) also sees each retriever's raw score, how many retrievers agree
 and the query's length, so it learns where each retriever is to be trusted. It reorders the RRF
 candidates and never adds one, so recall is RRF's. ``index_build.train_fusion`` trains it; the
-same :func:`fusion_features` serve both sides, so training and serving cannot drift apart.
+same :func:`fusion_features` serve both sides, so training and serving cannot drift apart; the
+model's feature names say which retrievers it reads (the engine's registry when it was trained).
 """
 
 from __future__ import annotations
@@ -19,19 +20,8 @@ from engine.fusion.calibration import Calibration
 
 MODEL_FILE = "model.txt"
 CARD_FILE = "card.json"
-RETRIEVERS = ("bm25", "dense", "memory")
-FEATURES = (
-    "bm25_rank",
-    "bm25_score",
-    "dense_rank",
-    "dense_score",
-    "memory_rank",
-    "memory_vote",
-    "rrf_rank",
-    "rrf_score",
-    "retrievers",
-    "query_terms",
-)
+# after each retriever's rank and score (in the order the model was trained on), what every row holds
+SHARED = ("rrf_rank", "rrf_score", "retrievers", "query_terms")
 ABSENT_RANK = 1000  # a retriever that did not return the document: below any real rank
 
 Ranking = Sequence[tuple[str, float]]
@@ -41,21 +31,43 @@ class FusionModelError(RuntimeError):
     """A learned-fusion folder that cannot be loaded or does not fit this engine."""
 
 
-def fusion_features(query: str, found: Mapping[str, Ranking], fused: Ranking) -> np.ndarray:
-    """One row of :data:`FEATURES` per fused candidate, in ``fused`` order.
+def feature_names(retrievers: Sequence[str]) -> tuple[str, ...]:
+    """The features of a model trained on ``retrievers``' rankings (the engine's registry, in order)."""
+    return (*(f"{name}_{part}" for name in retrievers for part in ("rank", "score")), *SHARED)
 
-    ``found`` maps each name in :data:`RETRIEVERS` to that retriever's ranking (an empty one when
-    the index has no judgment memory). Built a column at a time: one dictionary lookup a candidate
-    and retriever, the rest in numpy (a query's ~250 candidates, every search)."""
+
+def retrievers_of(features: Sequence[str]) -> tuple[str, ...]:
+    """The retrievers a model's feature names read, in order: each ``<name>_rank`` followed by its
+    score (``<name>_score``; a model trained before the registry calls the memory's ``memory_vote``).
+    A FusionModelError says which names do not fit that shape."""
+    pairs, shared = list(features[: -len(SHARED)]), tuple(features[-len(SHARED) :])
+    names = tuple(rank.removesuffix("_rank") for rank in pairs[::2])
+    fits = shared == SHARED and len(pairs) % 2 == 0 and all(
+        rank == f"{name}_rank" and score.startswith(f"{name}_")
+        for name, rank, score in zip(names, pairs[::2], pairs[1::2], strict=True)
+    )
+    if not fits:
+        shape = f"each retriever's rank and score, then {list(SHARED)}"
+        raise FusionModelError(f"features {list(features)} are not {shape}")
+    return names
+
+
+def fusion_features(query: str, found: Mapping[str, Ranking], fused: Ranking, retrievers: Sequence[str]) -> np.ndarray:
+    """One row of :func:`feature_names` (``retrievers``) per fused candidate, in ``fused`` order.
+
+    ``found`` maps a retriever's name to its ranking (one missing, or the index's absent memory,
+    counts as empty). Built a column at a time: one dictionary lookup a candidate and retriever,
+    the rest in numpy (a query's ~250 candidates, every search)."""
     ids = [doc_id for doc_id, _ in fused]
-    features = np.empty((len(ids), len(FEATURES)), dtype=np.float64)
-    for column, name in enumerate(RETRIEVERS):
+    width = 2 * len(retrievers)
+    features = np.empty((len(ids), width + len(SHARED)), dtype=np.float64)
+    for column, name in enumerate(retrievers):
         lookup = {d: (r, s) for r, (d, s) in enumerate(found.get(name, ()), 1)}
         features[:, 2 * column : 2 * column + 2] = [lookup.get(d, (ABSENT_RANK, 0.0)) for d in ids] or np.empty((0, 2))
-    features[:, 6] = np.arange(1, len(ids) + 1)
-    features[:, 7] = [score for _, score in fused]
-    features[:, 8] = (features[:, 0 : 2 * len(RETRIEVERS) : 2] != ABSENT_RANK).sum(axis=1)
-    features[:, 9] = len(query.split())
+    features[:, width] = np.arange(1, len(ids) + 1)
+    features[:, width + 1] = [score for _, score in fused]
+    features[:, width + 2] = (features[:, 0:width:2] != ABSENT_RANK).sum(axis=1)
+    features[:, width + 3] = len(query.split())
     return features
 
 
@@ -72,8 +84,11 @@ class LearnedFusion:
             self.booster = lightgbm.Booster(model_file=str(path))
         except lightgbm.basic.LightGBMError as exc:
             raise FusionModelError(f"{path}: not a LightGBM model ({exc}); retrain it") from None
-        if tuple(self.booster.feature_name()) != FEATURES:
-            raise FusionModelError(f"{path}: trained on features {self.booster.feature_name()}, not {FEATURES}")
+        self.features = tuple(self.booster.feature_name())
+        try:
+            self.retrievers = retrievers_of(self.features)
+        except FusionModelError as exc:
+            raise FusionModelError(f"{path}: {exc}; retrain it") from None
         card = Path(folder) / CARD_FILE
         self.card: dict = json.loads(card.read_text()) if card.is_file() else {}
         self.calibration = Calibration.load(folder)
@@ -82,9 +97,23 @@ class LearnedFusion:
         """``fused`` reordered by the model, each candidate with its predicted score; ties keep RRF order."""
         if not fused:
             return []
-        predicted = self.booster.predict(fusion_features(query, found, fused), num_threads=1)
+        predicted = self.booster.predict(fusion_features(query, found, fused, self.retrievers), num_threads=1)
         order = np.argsort(-predicted, kind="stable")
         return [(fused[i][0], float(predicted[i])) for i in order]
+
+    def contributions(
+        self, query: str, found: Mapping[str, Ranking], fused: Ranking, doc_ids: Sequence[str]
+    ) -> list[tuple[dict[str, float], dict[str, float]]]:
+        """For each of ``doc_ids`` (candidates of ``fused``): its features, and each feature's share
+        of its score (LightGBM's SHAP values, ``bias`` the model's base), which sum to the score."""
+        rows = {doc_id: i for i, (doc_id, _) in enumerate(fused)}
+        features = fusion_features(query, found, fused, self.retrievers)[[rows[d] for d in doc_ids]]
+        shares = self.booster.predict(features, pred_contrib=True, num_threads=1) if len(doc_ids) else []
+        names = (*self.features, "bias")
+        return [
+            (dict(zip(self.features, map(float, row), strict=True)), dict(zip(names, map(float, share), strict=True)))
+            for row, share in zip(features, shares, strict=True)
+        ]
 
     def describe(self) -> str:
         params = self.card.get("params", {})

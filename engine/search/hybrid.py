@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine import telemetry
-from engine.documents import Filters
+from engine.documents import RETRIEVER_NAME, Filters, QueryRequest
 from engine.fusion.graph import CARD_SHOWN, AdaptedStageError, CorpusGraph, load_adapted
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
@@ -32,6 +33,7 @@ from engine.retrieval.memory import JudgmentMemory
 from engine.retrieval.protocol import Ranking, Retriever
 from engine.search import stages
 from engine.search.allowed import AllowedSets
+from engine.search.controls import search_options
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult, make_hits
 from engine.search.shard import LocalShard
 from engine.settings import EngineSettings
@@ -153,6 +155,7 @@ class HybridEngine:
             self.view.check_settled(checkpoint.seq)
             self.view.bind_units()
         self.memory = self._load_memory(index_dir)
+        self.registered: dict[str, Retriever] = {}  # retrievers added beside the index's own (register)
         self.encoder_pool = ThreadPoolExecutor(thread_name_prefix="query-encoder")  # a query's vector beside BM25
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.adapted, self.adapt_card = self._load_adapted(index_dir / ADAPT_DIR)
@@ -196,9 +199,25 @@ class HybridEngine:
         return self.view.lock
 
     def retrievers(self) -> dict[str, Retriever | None]:
-        """The first-stage retrievers a search runs, by stage name (None: the index has no memory);
-        read per search, since a follower swaps its dense view."""
-        return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
+        """The first-stage retrievers a search runs, by name, in the order fusion reads them (None:
+        the index has no memory); read per search, since a follower swaps its dense view. Each
+        one's depth and weight are settings of its name (:meth:`EngineSettings.retriever`)."""
+        return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory, **self.registered}
+
+    def register(self, name: str, retriever: Retriever) -> None:
+        """One more first-stage retriever, fused, explained and controlled per request by ``name``
+        like the index's own (a learned fusion reads only those it was trained on)."""
+        if name in self.retrievers() or not re.fullmatch(RETRIEVER_NAME, name):
+            raise ValueError(f"{name!r}: a retriever's name is new and matches {RETRIEVER_NAME}")
+        self.registered[name] = retriever
+
+    def options_for(self, request: QueryRequest) -> SearchOptions:
+        """A door's request as this engine's options; InvalidControl (422) names a field it cannot honour."""
+        return search_options(request, self)
+
+    def fusion_for(self, options: SearchOptions) -> LearnedFusion | None:
+        """The learned fusion a call uses (None: RRF, with the corpus graph when one serves)."""
+        return None if options.method == "rrf" else options.fusion or self.fusion
 
     def close(self) -> None:
         """Checkpoint live writes (if any) and release the index."""
@@ -423,7 +442,7 @@ class HybridEngine:
             result = self.stages(query, top_k, filters=filters, options=options)
             for observe in self.stage_observers:
                 observe(result.seconds)
-            hits = self.hits(result, top_k, similarity_threshold)
+            hits = self.hits(result, top_k, similarity_threshold, options.explain)
             span.set_attribute("search.hits", len(hits))
         return hits
 
@@ -441,11 +460,15 @@ class HybridEngine:
         fused = dict(result.fused)
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 
-    def hits(self, result: StageResult, top_k: int, similarity_threshold: float | None = None) -> Hits:
+    def hits(
+        self, result: StageResult, top_k: int, similarity_threshold: float | None = None, explain: bool = False
+    ) -> Hits:
         """The answer: ``result``'s top ``top_k`` (at most the ``top_k`` it was run for), built only from
-        what :meth:`stages` read under the view lock (a write since cannot take a row from it)."""
+        what :meth:`stages` read under the view lock (a write since cannot take a row from it);
+        ``explain``: each hit with its explanation."""
         ranking = result.final[:top_k]
-        return make_hits(result, top_k, result.chunks, self.similarity(result, ranking), similarity_threshold)
+        similarities = self.similarity(result, ranking)
+        return make_hits(result, top_k, result.chunks, similarities, similarity_threshold, explain)
 
 
 def _gflop(reranker, depth: int) -> float | None:

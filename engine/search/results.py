@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from engine.fusion.learned import LearnedFusion
 from engine.rerank.cross_encoder import Scorer
 from engine.retrieval.protocol import Ranking
+from engine.search.explain import Explanation
+from engine.search.explain import explain as explain_hits
 from engine.store.docstore import Chunk
 
 
@@ -26,12 +30,9 @@ class Hit:
     chunk_id: str = ""
     source_document: str = ""
     metadata: dict = field(default_factory=dict)
-    bm25_rank: int | None = None
-    bm25_score: float | None = None
-    dense_rank: int | None = None
-    dense_score: float | None = None
-    memory_rank: int | None = None
+    found: dict[str, tuple[int, float]] = field(default_factory=dict)  # by each retriever that found it: (rank, score)
     rerank_score: float | None = None
+    explanation: Explanation | None = None  # only when the request asked for one
 
 
 @dataclass(frozen=True)
@@ -41,26 +42,46 @@ class SearchOptions:
 
     ``reranker`` / ``fusion``: score or fuse with this model instead of the engine's (a checkpoint
     being chosen); ``rerank_depth``: fused candidates to rerank, 0 for none (default: the engine's).
+    A request's controls (:meth:`HybridEngine.options_for`): ``method`` ``rrf`` fuses by RRF alone,
+    ``learned`` with the engine's model; ``rrf_k``, and ``weights`` and ``depths`` by retriever, in
+    place of the settings'; ``explain``: each hit carries its :class:`Explanation`.
     """
 
     reranker: Scorer | None = None
     fusion: LearnedFusion | None = None
     rerank_depth: int | None = None
+    method: Literal["rrf", "learned"] | None = None
+    rrf_k: float | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)
+    depths: Mapping[str, int] = field(default_factory=dict)
+    explain: bool = False
 
 
 AS_LOADED = SearchOptions()
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one query ran with: the settings under its request's controls."""
+
+    query: str
+    depths: dict[str, int]  # candidates asked of each retriever
+    weights: dict[str, float]  # each retriever's in RRF
+    rrf_k: float
+    method: Literal["rrf", "learned", "rrf + corpus graph"]
+    blend: float  # the reranker's share of the head's order
+
+
 @dataclass
 class StageResult:
-    """Every stage's ranking for one query, for evaluation and latency reports. ``fused`` is the
-    fusion used (``fusion``: the learned model, None for ``rrf``). ``chunks`` and ``cosines`` (query
-    and chunk, without a calibrated fusion) cover the fused head, read in the same view of the index
-    as the rankings, so that a write landing before the answer is built cannot take a row from it."""
+    """Every stage's ranking for one query, for evaluation and latency reports: ``retrieved``, each
+    first-stage retriever's, by name in the registry's order (what the learned fusion reads).
+    ``fused`` is the fusion used (``fusion``: the learned model, None for ``rrf``). ``chunks`` and
+    ``cosines`` (query and chunk, without a calibrated fusion) cover the fused head, read in the same
+    view of the index as the rankings, so that a write landing before the answer is built cannot
+    take a row from it."""
 
-    bm25: Ranking
-    dense: Ranking
-    memory: Ranking
+    retrieved: dict[str, Ranking]
     rrf: Ranking
     fused: Ranking
     reranked: Ranking | None
@@ -71,11 +92,7 @@ class StageResult:
     fusion: LearnedFusion | None = None
     cosines: dict[str, float] = field(default_factory=dict)
     missing_shards: list[int] = field(default_factory=list)  # a sharded index's shards that did not answer
-
-    @property
-    def retrieved(self) -> dict[str, Ranking]:
-        """What each first-stage retriever returned, as the learned fusion reads it."""
-        return {"bm25": self.bm25, "dense": self.dense, "memory": self.memory}
+    plan: Plan | None = None
 
     @property
     def final(self) -> Ranking:
@@ -98,20 +115,22 @@ def make_hits(
     chunks: dict[str, Chunk],
     similarities: list[float],
     similarity_threshold: float | None = None,
+    explain: bool = False,
 ) -> Hits:
     """The first ``top_k`` of ``result.final`` as hits, each with its chunk, its ``similarities``
-    entry and every stage's rank; those under ``similarity_threshold`` are left out."""
-    bm25 = {d: (r, sc) for r, (d, sc) in enumerate(result.bm25, start=1)}
-    dense = {d: (r, sc) for r, (d, sc) in enumerate(result.dense, start=1)}
-    memory = {d: r for r, (d, _) in enumerate(result.memory, start=1)}
+    entry and every retriever's rank and score (``explain``: its whole :class:`Explanation`);
+    those under ``similarity_threshold`` are left out."""
+    found = {name: {d: (r, s) for r, (d, s) in enumerate(ranking, 1)} for name, ranking in result.retrieved.items()}
     fused = dict(result.fused)
+    kept = [
+        (doc_id, score, similarity)
+        for (doc_id, score), similarity in zip(result.final[:top_k], similarities, strict=True)
+        if similarity_threshold is None or similarity >= similarity_threshold
+    ]
+    explained = explain_hits(result, [doc_id for doc_id, _, _ in kept]) if explain else [None] * len(kept)
     hits = []
-    for (doc_id, score), similarity in zip(result.final[:top_k], similarities, strict=True):
-        if similarity_threshold is not None and similarity < similarity_threshold:
-            continue
+    for (doc_id, score, similarity), explanation in zip(kept, explained, strict=True):
         chunk = chunks[doc_id]
-        b_rank, b_score = bm25.get(doc_id, (None, None))
-        d_rank, d_score = dense.get(doc_id, (None, None))
         hits.append(
             Hit(
                 doc_id=doc_id,
@@ -124,12 +143,9 @@ def make_hits(
                 chunk_id=chunk.chunk_id,
                 source_document=chunk.source_document,
                 metadata=chunk.metadata,
-                bm25_rank=b_rank,
-                bm25_score=b_score,
-                dense_rank=d_rank,
-                dense_score=d_score,
-                memory_rank=memory.get(doc_id),
+                found={name: ranks[doc_id] for name, ranks in found.items() if doc_id in ranks},
                 rerank_score=result.rerank_scores.get(doc_id),
+                explanation=explanation,
             )
         )
     return Hits(hits, result.missing_shards)

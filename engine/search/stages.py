@@ -23,7 +23,7 @@ from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.lucene import IndexClosedError
 from engine.retrieval.protocol import Query, Ranking, Within
-from engine.search.results import AS_LOADED, SearchOptions, StageResult
+from engine.search.results import AS_LOADED, Plan, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.shards.fanout import missing_shards, track_missing
 from engine.store.docstore import Chunk
@@ -84,15 +84,18 @@ def _run_stages(
 ) -> StageResult:
     s = engine.settings
     reranker, rerank_depth = engine.rerank_plan(options)
-    fusion = options.fusion or engine.fusion
+    fusion = engine.fusion_for(options)
     if engine.follower is not None:
         engine.follower.catch_up()
-    watch = Stopwatch()
+    retrievers = engine.retrievers()
+    watch = Stopwatch(retrievers)
     # the query's vector made on another thread (ONNX Runtime lets go of the GIL) while the retrievers
     # that read only its text (BM25) run here; "encode" is then the wait for it that was left
     encoding = engine.encoder_pool.submit(engine.dense.encode_query, query)
-    depths = {"bm25": max(s.bm25_depth, top_k), "dense": max(s.dense_depth, top_k), "memory": s.memory_depth}
-    retrievers = engine.retrievers()
+    configured = {name: s.retriever(name) for name in retrievers}
+    depths = {name: max(options.depths.get(name, part.depth), top_k) for name, part in configured.items()}
+    weights = {name: options.weights.get(name, part.weight) for name, part in configured.items()}
+    rrf_k = options.rrf_k or s.rrf_k
     with engine.view_lock.reading():
         allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
         if allowed is None:
@@ -114,16 +117,14 @@ def _run_stages(
                         found[name] = retriever.retrieve(asked, depths[name], within)
                     watch.lap(name)
         found = {name: found[name] for name in retrievers}  # fusion reads them in the registry's order
-        bm25, dense, memory = found["bm25"], found["dense"], found["memory"]
         rankings = {name: [d for d, _ in hits] for name, hits in found.items()}
-        weights = {"bm25": s.bm25_weight, "dense": s.dense_weight, "memory": s.memory_weight}
-        rrf = reciprocal_rank_fusion(rankings, k=s.rrf_k, weights=weights)
+        rrf = reciprocal_rank_fusion(rankings, k=rrf_k, weights=weights)
         if fusion is not None:
-            fused = fusion.rank(query, found, rrf)
-        elif engine.adapted is not None:
-            fused = engine.adapted.rerank(rrf, engine.dense.units)
+            fused, method = fusion.rank(query, found, rrf), "learned"
+        elif engine.adapted is not None and options.method is None:
+            fused, method = engine.adapted.rerank(rrf, engine.dense.units), "rrf + corpus graph"
         else:
-            fused = rrf
+            fused, method = rrf, "rrf"
         depth = max(rerank_depth, top_k)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
         if engine.follower is not None or engine.shards is not None:  # a store ahead of the view, or a
@@ -149,8 +150,9 @@ def _run_stages(
         "rerank": (depth, None if reranked is None else len(reranked)),
     }
     telemetry.record_stages(watch.started, seconds, top_k, asked_found)
+    plan = Plan(query, depths, weights, rrf_k, method, s.rerank_blend)
     return StageResult(
-        bm25, dense, memory, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines
+        found, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines, plan=plan
     )
 
 

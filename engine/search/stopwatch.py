@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
-# in the order a query runs them; "pairs": the reranker's inputs made (passages read, pairs tokenized)
-STAGES = ("encode", "bm25", "dense", "memory", "fusion", "pairs", "rerank")
+# a query's stages besides its retrievers' (each named as the engine registers it); "pairs": the
+# reranker's inputs made (passages read, pairs tokenized)
+STAGES = ("encode", "fusion", "pairs", "rerank")
 
 
 class Stopwatch:
     """Times consecutive stages: each :meth:`lap` ends the stage it names, the next starts there."""
 
-    def __init__(self) -> None:
+    def __init__(self, retrievers: Iterable[str] = ()) -> None:
+        self.stages = (*STAGES, *retrievers)
         self.started = self._last = time.perf_counter()
         self.seconds: dict[str, float] = {}
 
     def lap(self, stage: str) -> None:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+        if stage not in self.stages:
+            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(self.stages)}")
         now = time.perf_counter()
         self.seconds[stage] = now - self._last
         self._last = now
