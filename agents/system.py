@@ -10,7 +10,7 @@ from agents.messages import Message, Turn
 from agents.router import Router
 from agents.settings import AgentSettings
 from agents.traces import TraceStore
-from engine.documents import Filters, Query, TopK
+from engine.documents import Query, SearchFilters, TopK
 
 SYSTEM_ID = "System"
 
@@ -24,7 +24,7 @@ class RagRequest(BaseModel):
         None, description="continue this conversation (its messages share this id); default: a new one"
     )
     conversation_history: list[Turn] = Field(default_factory=list, description="earlier turns, oldest first")
-    filters: Filters | None = None
+    filters: SearchFilters | None = None
 
 
 async def rag_turn(router: Router, request: RagRequest) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from datetime import date
+from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -216,11 +216,152 @@ class Filters(BaseModel):
 
     @property
     def equalities(self) -> dict[str, Scalar]:
-        return dict(self.model_extra or {})
+        return {k: v for k, v in (self.model_extra or {}).items() if not isinstance(v, Condition)}
+
+    @property
+    def conditions(self) -> dict[str, Condition]:
+        """Operators by metadata key (:class:`SearchFilters`; none here)."""
+        return {k: v for k, v in (self.model_extra or {}).items() if isinstance(v, Condition)}
+
+    @property
+    def all_of(self) -> list[Filters]:
+        return []
+
+    @property
+    def any_of(self) -> list[Filters]:
+        return []
+
+    @property
+    def none_of(self) -> Filters | None:
+        return None
+
+    @property
+    def plain(self) -> bool:
+        """Whether only the three named conditions are set (what Lucene's own terms can answer)."""
+        return not (self.model_extra or self.all_of or self.any_of or self.none_of is not None)
+
+    def keys(self) -> set[str]:
+        """Every metadata key a condition anywhere in these filters reads."""
+        nested = [*self.all_of, *self.any_of, *([self.none_of] if self.none_of is not None else [])]
+        return set(self.model_extra or {}).union(*(f.keys() for f in nested))
 
     @property
     def empty(self) -> bool:
-        return not (self.document_types or self.date_range or self.document_ids or self.model_extra)
+        return not (self.document_types or self.date_range or self.document_ids or not self.plain)
+
+
+
+
+def _bound(value: object) -> object:
+    """A range's end: a finite number, or an ISO date or datetime (compared as ISO strings)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("a range's bound is a number or an ISO date")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a range's bound must be finite")
+    if isinstance(value, str):  # written as the store keeps dates, so that strings compare in time order
+        try:
+            return date.fromisoformat(value).isoformat()
+        except ValueError:
+            pass
+        try:
+            return datetime.fromisoformat(value).isoformat()
+        except ValueError:
+            raise ValueError(f"{value!r} is neither a number nor an ISO date (YYYY-MM-DD)") from None
+    return _whole(value)
+
+
+Bound = Annotated[int | float | str, BeforeValidator(_bound)]
+
+
+class Condition(BaseModel):
+    """Operators on one metadata key, all of which must hold: ``eq``, ``in``, ``not_in`` (a list's
+    members count one by one, as for equality), a range ``gt``/``gte``/``lt``/``lte`` on numbers or on
+    ISO dates (one value meeting every bound), ``exists`` (a non-null value)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    eq: Scalar | None = None
+    in_: list[Scalar] | None = Field(None, alias="in", min_length=1, max_length=1000)
+    not_in: list[Scalar] | None = Field(None, min_length=1, max_length=1000)
+    gt: Bound | None = None
+    gte: Bound | None = None
+    lt: Bound | None = None
+    lte: Bound | None = None
+    exists: Annotated[bool, Field(strict=True)] | None = None
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Condition:
+        values = [self.eq, *(self.in_ or ()), *(self.not_in or ())]
+        if not all(filterable(v) for v in values if v is not None):
+            raise ValueError("eq, in and not_in take strings, finite numbers and booleans")
+        if all(v is None for v in self.model_dump().values()):
+            raise ValueError("name at least one of eq, in, not_in, gt, gte, lt, lte, exists")
+        if len({isinstance(b, str) for b in self.bounds.values()}) > 1:
+            raise ValueError("a range's bounds are all numbers or all ISO dates")
+        return self
+
+    @property
+    def bounds(self) -> dict[str, int | float | str]:
+        """The range's operators that are set (gt, gte, lt, lte) and their bounds."""
+        return {op: b for op in ("gt", "gte", "lt", "lte") if (b := getattr(self, op)) is not None}
+
+
+MAX_FILTER_NESTING = 8  # "and", "or" and "not" within each other at most this deep
+
+
+def _operator_schema(schema: dict[str, Any]) -> None:
+    scalar = {"type": ["string", "number", "boolean"]}
+    schema["additionalProperties"] = {"anyOf": [scalar, Condition.model_json_schema(by_alias=True)]}
+    schema["propertyNames"] = {"pattern": NON_BLANK}
+
+
+class SearchFilters(Filters):
+    """:class:`Filters` with operators and logic, what a :class:`SearchRequest` takes: any other key
+    holds a value (equality) or a :class:`Condition`, e.g. ``{"year": {"gte": 2020}}``, and ``and``,
+    ``or`` and ``not`` combine whole filters, e.g. ``{"or": [{"source": "x"}, {"not": {"year": {"lt":
+    2000}}}]}`` (so those three name no metadata key here). ``search_nfcorpus`` keeps :class:`Filters`."""
+
+    model_config = ConfigDict(
+        extra="allow", populate_by_name=True, serialize_by_alias=True, json_schema_extra=_operator_schema
+    )
+
+    and_: list[SearchFilters] | None = Field(None, alias="and", min_length=1, max_length=100)
+    or_: list[SearchFilters] | None = Field(None, alias="or", min_length=1, max_length=100)
+    not_: SearchFilters | None = Field(None, alias="not")
+
+    @model_validator(mode="after")
+    def _equalities(self) -> SearchFilters:
+        extra = self.model_extra or {}
+        for key, value in extra.items():
+            if not key.strip():
+                raise ValueError("a filter's metadata key must not be blank")
+            if isinstance(value, dict | Condition):  # a Condition: validated once already
+                try:
+                    extra[key] = Condition.model_validate(value)
+                except ValidationError as exc:
+                    raise ValueError(f"filter {key!r}: {problems(exc, 'condition')}") from None
+            elif not filterable(value):
+                raise ValueError(f"filter {key!r} must equal a string, number or boolean, or hold operators")
+        if self.nesting > MAX_FILTER_NESTING:
+            raise ValueError(f"and, or and not nest at most {MAX_FILTER_NESTING} deep")
+        return self
+
+    @property
+    def all_of(self) -> list[Filters]:
+        return list(self.and_ or [])
+
+    @property
+    def any_of(self) -> list[Filters]:
+        return list(self.or_ or [])
+
+    @property
+    def none_of(self) -> Filters | None:
+        return self.not_
+
+    @property
+    def nesting(self) -> int:
+        inner = [*(self.and_ or []), *(self.or_ or []), *([self.not_] if self.not_ else [])]
+        return 1 + max((f.nesting for f in inner), default=0) if inner else 0
 
 
 def _iso_date(value: Any, field: str) -> date:
@@ -291,6 +432,11 @@ class SearchRequest(QueryRequest):
     """A search with, optionally, an explanation of each hit and this request's own fusion,
     reranking and retriever depths, within the limits the server sets."""
 
+    filters: SearchFilters | None = Field(
+        None,
+        description='e.g. {"and": [{"year": {"gte": 2020}}, {"document_type": {"in": ["review", "guideline"]}},'
+        ' {"not": {"source": "x"}}]}; operators: eq, in, not_in, gt, gte, lt, lte (numbers, ISO dates), exists',
+    )
     explain: Annotated[bool, Field(strict=True)] = Field(
         False, description="each hit carries every stage's rank and score and how its final place was formed"
     )

@@ -208,6 +208,26 @@ def test_documents_over_http(live_server):
     assert health["writable"] and health["live"]["seq"] >= 4
 
 
+def test_operator_filters_over_http(live_server):
+    """Ranges, membership, negation and or over /search: each hit holds the filter, and the hits are
+    the unfiltered ranking's chunks that hold it."""
+    url = live_server["url"]
+    for i in range(6):
+        body = _doc(f"y{i}", f"sorghum harvest yields note {i}", year=2018 + i, source=["x", "y", "z"][i % 3])
+        httpx.post(f"{url}/documents?refresh=wait_for", json=body).raise_for_status()
+    filters = {"or": [{"year": {"gte": 2021}}, {"not": {"source": {"in": ["x", "y"]}}}], "year": {"exists": True}}
+    reply = httpx.post(f"{url}/search", json={"query": "sorghum harvest", "top_k": 20, "filters": filters})
+    assert reply.status_code == 200, reply.text
+    found = {r["document_id"] for r in reply.json()["results"]}
+    assert found == {"y2", "y3", "y4", "y5"}  # 2021 and later, or a source of z
+    bad = httpx.post(f"{url}/search", json={"query": "sorghum", "filters": {"year": {"gte": "soon"}}})
+    assert bad.status_code == 422 and "year" in bad.json()["error"]
+    plain = httpx.post(f"{url}/search_nfcorpus", json={"query": "sorghum", "filters": {"year": {"gte": 2020}}})
+    assert plain.status_code == 422  # the benchmark's search keeps today's filters
+    for i in range(6):
+        httpx.delete(f"{url}/documents/y{i}?refresh=wait_for").raise_for_status()
+
+
 def test_a_beir_record_moves_between_a_file_and_the_live_api_unchanged(live_server):
     """Metadata of any JSON shape, as BEIR files carry it (tests/test_beir_shapes.py builds them):
     kept and returned; a list filters by membership, a key held as an object is refused by name."""
@@ -254,7 +274,7 @@ def test_bad_documents_are_refused_whole(live_server, body, status, names):
     [
         ({"date_range": ["2020-02-30", None]}, "date_range"),
         ({"document_types": "guide"}, "document_types"),
-        ({"page": {"gt": 3}}, "page"),
+        ({"page": {"above": 3}}, "page"),
         ("guide", "filters"),
     ],
 )
@@ -308,6 +328,10 @@ def test_mcp_search_and_write_tools(live_server):
             filters = {"page": 1, "tags": "grain"}
             hits = await client.call_tool("search", {"query": "millet", "top_k": 3, "filters": filters})
             assert [r["doc_id"] for r in hits.structured_content["results"]] == ["m1#p1"]
+            operators = {"and": [{"page": {"gte": 1, "lt": 2}}, {"not": {"tags": {"in": ["rice", "oats"]}}}]}
+            hits = await client.call_tool("search", {"query": "millet", "top_k": 3, "filters": operators})
+            assert [r["doc_id"] for r in hits.structured_content["results"]] == ["m1#p1"]
+            assert "and" in json.dumps(tools["search"].input_schema)
             nested = await client.call_tool("search", {"query": "millet", "filters": {"source": "Grains"}})
             assert nested.is_error and "filter 'source'" in nested.content[0].text
             bad = await client.call_tool("search", {"query": "millet", "filters": {"date_range": ["soon", None]}})

@@ -338,8 +338,8 @@ class LuceneIndex:
 
     def _clauses(self, filters: Filters) -> list | None:
         """``filters`` as Lucene queries on the chunks' own terms, or None where one condition is on
-        a field this index does not carry (any other metadata key)."""
-        if filters.equalities or (filters.document_types and DOCUMENT_TYPE not in self.fields):
+        a field this index does not carry (any other metadata key) or combines others (and, or, not)."""
+        if not filters.plain or (filters.document_types and DOCUMENT_TYPE not in self.fields):
             return None
         if filters.date_range and DATE not in self.fields:
             return None

@@ -11,11 +11,12 @@ import json
 import logging
 import sqlite3
 import threading
+from datetime import date, timedelta
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.documents import DATE, DOCUMENT_TYPE, Filters, filter_values, unit_id
+from engine.documents import DATE, DOCUMENT_TYPE, Condition, Filters, filter_values, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
 from engine.store.chunk_cache import ChunkCache
 from engine.store.index_dir import IndexDirError
@@ -207,7 +208,7 @@ class DocStore:
         """unit id -> row of every chunk the filters allow; :class:`UnfilterableKey` for an equality
         on a key some chunk holds as an object (or another value :func:`filter_values` cannot read)."""
         conn = self._conn()
-        for key in filters.equalities:
+        for key in sorted(filters.keys()):
             if conn.execute(_UNREADABLE_HELD, (key, UNREADABLE)).fetchone():
                 raise UnfilterableKey(
                     f"filter {key!r}: some documents hold metadata.{key} as an object, a list of lists or objects"
@@ -294,11 +295,20 @@ def matching_sql(filters: Filters, fields_indexed: bool = True) -> tuple[str, li
     indexes (``documents_by_type``, ``documents_by_date``; a date a valid YYYY-MM-DD, as Lucene's
     terms hold them: :func:`engine.documents.reserved_fields`), a document's chunks through
     ``chunks_of_document``, which holds what the query reads (no chunk's text is read), equality
-    on any other metadata key through ``chunk_fields`` (each chunk's scalars and lists' members,
-    its own over its document's), or, in a store written before that table, from every row too
-    (the scalars its rows were limited to then)."""
-    where: list[str] = []
+    and operators on any other metadata key through ``chunk_fields`` (each chunk's scalars and lists'
+    members, its own over its document's; :func:`_condition`), or, in a store written before that
+    table, equality from every row too (the scalars its rows were limited to then); ``and``, ``or``
+    and ``not`` as SQL's, a ``not`` of what a row lacks (a NULL) holding."""
     args: list = []
+    query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
+    if where := _where(filters, fields_indexed, args):
+        query += " WHERE " + where
+    return query, args
+
+
+def _where(filters: Filters, fields_indexed: bool, args: list) -> str:
+    """``filters`` as one SQL condition on ``c`` and ``d`` ('' for none), its values added to ``args``."""
+    where: list[str] = []
     if filters.document_types:
         where.append(
             f"json_extract(d.metadata, '$.{DOCUMENT_TYPE}') IN ({','.join('?' * len(filters.document_types))})"
@@ -326,10 +336,60 @@ def matching_sql(filters: Filters, fields_indexed: bool = True) -> tuple[str, li
             path = "$." + json.dumps(key)
             where.append(f"(coalesce(json_extract(c.metadata, ?), json_extract(d.metadata, ?)) = ? OR {fields})")
             args += [path, path, value, key, value]
-    query = "SELECT c.unit_id, c.row FROM chunks c JOIN documents d USING (document_id)"
-    if where:
-        query += " WHERE " + " AND ".join(where)
-    return query, args
+    for key, condition in filters.conditions.items():
+        if not fields_indexed:
+            raise UnfilterableKey(
+                f"filter {key!r}: operators need the store's metadata index, which this store predates"
+                " (`hybrid-search compact` writes it)"
+            )
+        where += _condition(key, condition, args)
+    where += [f"({_where(f, fields_indexed, args) or '1'})" for f in filters.all_of]
+    if filters.any_of:
+        where.append("(" + " OR ".join(f"({_where(f, fields_indexed, args) or '1'})" for f in filters.any_of) + ")")
+    if filters.none_of is not None:
+        where.append(f"NOT coalesce(({_where(filters.none_of, fields_indexed, args) or '1'}), 0)")
+    return " AND ".join(where)
+
+
+def _condition(key: str, condition: Condition, args: list) -> list[str]:
+    """One key's operators, each a lookup of ``chunk_fields`` by (key, value): ``in`` a set of values,
+    a range one span of them. SQLite orders numbers before strings before blobs, so a numeric range
+    stops below ``''`` and a date range keeps to strings that are dates (a bound day-only holds the
+    whole day of a datetime). ``not_in`` and ``exists: false`` are the rows the lookup does not find."""
+    held = "c.row IN (SELECT row FROM chunk_fields WHERE key = ?{})"
+    found: list[str] = []
+    if condition.eq is not None:
+        found.append(held.format(" AND value = ?"))
+        args += [key, condition.eq]
+    for values, negated in ((condition.in_, ""), (condition.not_in, "NOT ")):
+        if values:
+            found.append(negated + held.format(f" AND value IN ({','.join('?' * len(values))})"))
+            args += [key, *values]
+    if bounds := condition.bounds:
+        span, values = _span(bounds)
+        found.append(held.format(span))
+        args += [key, *values]
+    if condition.exists is not None:
+        found.append(("" if condition.exists else "NOT ") + held.format(""))
+        args.append(key)
+    return found
+
+
+_OPERATORS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+
+
+def _span(bounds: dict[str, int | float | str]) -> tuple[str, list]:
+    """A range's SQL on ``value`` and its arguments (:func:`_condition`)."""
+    if not any(isinstance(b, str) for b in bounds.values()):
+        ops = [f" AND value {_OPERATORS[op]} ?" for op in bounds]
+        return "".join(ops) + " AND value < ''", list(bounds.values())
+    sql, values = "", []
+    for op, bound in bounds.items():
+        if len(str(bound)) == 10 and op in ("gt", "lte"):  # a day: past its end, or before it
+            op, bound = ("gte" if op == "gt" else "lt"), str(date.fromisoformat(str(bound)) + timedelta(days=1))
+        sql += f" AND value {_OPERATORS[op]} ?"
+        values.append(str(bound))
+    return sql + " AND value >= '' AND value < x'' AND date(value) IS NOT NULL", values
 
 
 def _chunk(record: tuple) -> Chunk:
