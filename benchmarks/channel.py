@@ -55,11 +55,13 @@ def main() -> None:
     report: dict = {"pairs": args.pairs, "window": args.window, "calls": args.calls}
     with tempfile.TemporaryDirectory() as folder:
         channel = Channel(Path(folder), b"k" * 32)
-        server = ChannelServer(channel, "reranker", {"score": lambda rows, *lengths: np.zeros(_read_back(rows))})
+        server = ChannelServer(channel, "reranker", {"score": lambda rows, lengths: np.zeros(_read_back(rows))})
         kept = ChannelClient(channel, "reranker")
         ways = {
             "before": lambda rows: call(channel, "reranker", "score", rows, [500] * len(rows), timeout_s=10),
-            "after": lambda rows: kept.call("score", TokenRows.of(rows).wire(), timeout_s=10),
+            "after": lambda rows: kept.call(
+                "score", TokenRows.of(rows).wire(), np.full(len(rows), 500, np.int32), timeout_s=10
+            ),
         }
         try:
             for send in ways.values():  # warm: the kept connection made, the callee's code run

@@ -170,12 +170,12 @@ def build_from(settings: Settings, distil_from: str | None = None, distil_steps:
     )
     _print_adaptation(Path(engine.index_dir))
     if distil_from:
-        from engine.settings import CPU_RERANK_MAX_LENGTH
+        from engine.settings import RERANK_MAX_LENGTH
         from index_build.train_reranker import student_options, train
         from offline.dataset import load_dataset
 
         card = train(
-            engine.model_copy(update={"max_length": engine.max_length or CPU_RERANK_MAX_LENGTH}),
+            engine.model_copy(update={"max_length": engine.max_length or RERANK_MAX_LENGTH}),
             student_options(distil_from, distil_steps),
             load_dataset(b.data_dir),
         )

@@ -106,7 +106,7 @@ DISTILLATION = ("distil_from", "student_layers", "distil_weight")  # the flags' 
 
 def student_options(teacher: str, steps: int = 300) -> TrainOptions:
     """The CPU student recipe the README's table measured: 3 of the teacher's 6 layers (2 fell below
-    the fused order), the 96 tokens a CPU serves (train with ``max_length=CPU_RERANK_MAX_LENGTH``), 300
+    the fused order), the 96 tokens a CPU serves (train with ``max_length=RERANK_MAX_LENGTH``), 300
     steps of 8 groups at 2e-4, checkpoints every 100 (its time on 2 cores: docs/cpu-reranking.md)."""
     return TrainOptions(
         base=teacher, distil_from=teacher, student_layers=3, max_steps=steps, lr=2e-4, eval_every=max(1, steps // 3)
@@ -228,7 +228,7 @@ def train(settings: EngineSettings, options: TrainOptions, dataset: Dataset, pro
             "depth": settings.rerank_depth_for(device),
             "blend": settings.rerank_blend,
             "quantize": settings.rerank_quantize,
-            "max_length": min(max_length, settings.rerank_length_cap(device) or max_length),
+            "max_length": min(max_length, settings.rerank_length_cap or max_length),
         },
         "dev_fused": baseline,
         "dev_reranked": best["metrics"],

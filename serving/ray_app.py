@@ -82,15 +82,15 @@ class RerankerReplica:
     def status(self) -> dict:
         return {"deployment": "reranker", "device": self.reranker.device}
 
-    async def score(self, wire: WireRows) -> tuple[np.ndarray, float]:
+    async def score(self, wire: WireRows, lengths: np.ndarray) -> tuple[np.ndarray, float]:
         """A replica's rows scored, and the seconds it waited here (what :class:`RemoteReranker` counts)."""
         began = time.perf_counter()
-        scores = await self._batched(wire)
+        scores = await self._batched((wire, lengths))
         return np.asarray(scores, dtype=np.float32), time.perf_counter() - began
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def _batched(self, calls: list[WireRows]) -> list[list[float]]:
-        """One call per query, its rows; Serve hands them over in batches."""
+    async def _batched(self, calls: list[tuple[WireRows, np.ndarray]]) -> list[list[float]]:
+        """One call per query, its rows and their lengths; Serve hands them over in batches."""
         return await asyncio.to_thread(score_rows, self.reranker, calls)
 
 

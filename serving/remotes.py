@@ -109,7 +109,8 @@ class RemoteReranker(PairPreparer):
     def _scores(self, rows: TokenRows, lengths: list[int]) -> list[float]:
         """Scored there, the query's tokens sent once; a failure is the reranker's (the query is
         answered in the fused order)."""
-        scores, seconds = self.transport.call("score", rows.wire(), timeout_s=self.timeout_s)
+        sort_by = np.asarray(lengths, dtype=np.int32)
+        scores, seconds = self.transport.call("score", rows.wire(), sort_by, timeout_s=self.timeout_s)
         self.process_seconds += seconds
         return scores.tolist()
 

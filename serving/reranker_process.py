@@ -94,10 +94,10 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
     batcher = RerankBatcher(reranker, s.rerank_batch_wait_ms / 1000, s.rerank_batch_tokens)
     queries = _query_batcher(settings, reranker.device) if settings.serving.shared_query_encoder == "on" else None
 
-    def score(wire: WireRows) -> tuple[np.ndarray, float]:
+    def score(wire: WireRows, lengths: np.ndarray) -> tuple[np.ndarray, float]:
         """A worker's rows scored, and this process's seconds on them (what its ``/metrics`` shows)."""
         began = time.perf_counter()
-        scores = np.asarray(batcher.finish(sent_rows(wire)), dtype=np.float32)
+        scores = np.asarray(batcher.finish(sent_rows(wire, lengths)), dtype=np.float32)
         return scores, time.perf_counter() - began
 
     def status() -> dict:

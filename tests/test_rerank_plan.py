@@ -65,11 +65,12 @@ from sentence_transformers import CrossEncoder
 from engine.rerank.backends import TorchBackend
 from engine.rerank.pair_tokens import PairTokenizer
 from engine.rerank.plan import RerankPlan
+from engine.rerank.token_rows import TokenRows
 
 model = CrossEncoder({path!r}, device="cpu", max_length=64, num_labels=1)
 tokenize = PairTokenizer(model.tokenizer, 64)
 pairs = [("caffeine and the liver", "coffee drinkers had lower liver enzymes"), ("soy", "soy milk and beans")] * 3
-rows = tokenize.rows(pairs)
+rows = TokenRows.of(tokenize.rows(pairs))
 lengths = [len(q) + len(p) for q, p in pairs]
 plan = RerankPlan(device="cpu", backend="torch", precision="fp32", compile=False, first_token=False)
 eager = TorchBackend(model.transformers_model, plan, 8, 64, tokenize.pad_id).logits(rows, lengths)

@@ -98,8 +98,11 @@ def test_the_process_scores_each_callers_pairs_and_encodes_their_queries_as_one_
 
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             together = list(pool.map(from_ids, jobs))
+        # bf16 (a CPU that multiplies it natively) rounds a pair differently as its batch's padding
+        # differs, and merged batches pad differently from one query's own
+        tolerance = 1e-3 if described["running"]["precision"] == "bf16" else 1e-5
         for mine, reference in zip(together, alone, strict=True):
-            assert mine == pytest.approx(reference, abs=1e-5)
+            assert mine == pytest.approx(reference, abs=tolerance)
         status = shared.status()
         assert status["reachable"] and status["pid"] == process.pid and status["batches"] < len(jobs)  # merged
         assert shared.score(*jobs[0]) == together[0]  # the worker's cache: no call at all

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 from engine.rerank.cross_encoder import PreparedPairs, Reranker
 from engine.rerank.pair_assembly import PassageTokens
+import numpy as np
+
 from engine.rerank.token_rows import WireRows
 
 IN_FLIGHT = 2  # batches on the GPU at once: one running, one prepared behind it (CudaPasses' two slots)
@@ -159,14 +161,13 @@ def _raise(exc: Exception):
     return collect
 
 
-def sent_rows(wire: WireRows) -> PreparedPairs:
+def sent_rows(wire: WireRows, lengths: np.ndarray) -> PreparedPairs:
     """A caller's rows as it sent them (made where its score cache is: a worker of ``serve --workers
-    N``, a Ray replica), ready for :meth:`RerankBatcher.finish` or ``finish_together``; sorted, where
-    passes are, by their tokens."""
-    rows = wire.rows()
-    return PreparedPairs([None] * len(rows), [], rows, rows.lengths.tolist())
+    N``, a Ray replica), with the characters its passes are sorted by where passes are (so that they
+    score as in the caller's own process), ready for :meth:`RerankBatcher.finish` or ``finish_together``."""
+    return PreparedPairs([None] * len(lengths), [], wire.rows(), lengths.tolist())
 
 
-def score_rows(reranker: Reranker, calls: list[WireRows]) -> list[list[float]]:
+def score_rows(reranker: Reranker, calls: list[tuple[WireRows, np.ndarray]]) -> list[list[float]]:
     """Several callers' pair rows (a Ray replica's callers), scored in one pass; each gets back its own scores."""
-    return reranker.finish_together([sent_rows(wire) for wire in calls])
+    return reranker.finish_together([sent_rows(wire, lengths) for wire, lengths in calls])

@@ -47,7 +47,7 @@ def load_reranker(settings: EngineSettings, path: str, device: str, cache: bool 
         runtime=s.rerank_runtime,
         quantize=s.rerank_quantize,
         cache=PairCache(s.rerank_cache_size, s.rerank_cache_s) if cache and s.rerank_cache_size else None,
-        length_cap=s.rerank_length_cap(device),
+        length_cap=s.rerank_length_cap,
         calibration=int8_calibration(s.index_dir),
         compile_model=s.rerank_compile,  # the plan says why when it cannot apply
         batch_tokens=s.rerank_batch_tokens,
