@@ -16,7 +16,6 @@ HTTP_CLIENTS = (1, 64, 8)
 # "many": the load level asked at least "many_queries" times (the dev queries over again)
 FULL = {"workers": "auto", "clients": HTTP_CLIENTS, "queries": None, "compiled_queries": 50, "many_queries": 1000}
 SMALL = {"workers": "2", "clients": (1, 4), "queries": 40, "compiled_queries": 8, "many_queries": 80}
-SERVED_WINDOW = 128  # tokens a pair of the reranker the product serves (train-reranker's CPU recipe)
 
 
 def check(out: Path) -> int:
@@ -47,15 +46,15 @@ def check(out: Path) -> int:
 
 
 def _reranker() -> tuple[str, int | None]:
-    """The index's reranker (its own length), or on a machine that trained none an untrained MiniLM
-    cross-encoder at the served reranker's 128 tokens: its shape, so the same compute (until
-    2026-11-28 the GPU recipe's 256 tokens, twice the work a pair of what is served)."""
+    """The index's reranker, or on a machine that trained none an untrained MiniLM cross-encoder:
+    the served reranker's shape, at the window serving caps it to (``RERANK_MAX_LENGTH``), so the
+    same compute (until 2026-11-28 the GPU recipe's 256 tokens, 2.8x the work a pair of what is served)."""
     index_reranker = Path(os.environ["HYBRID_SEARCH_INDEX_DIR"]) / "reranker"
     if index_reranker.is_dir():
         return str(index_reranker), None
     from engine.retrieval.encoder import DEFAULT_ENCODER, resolve_model
 
-    return resolve_model(DEFAULT_ENCODER), SERVED_WINDOW
+    return resolve_model(DEFAULT_ENCODER), None
 
 
 def _reranker_args() -> list[str]:

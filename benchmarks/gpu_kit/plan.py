@@ -32,7 +32,7 @@ class Stage:
 STAGES = (  # minutes as measured on an H100: 2026-11-24 (benchmarks/results/h100/), 2026-11-26 (h100-serving/),
     # 2026-11-27 (h100-1127/); micro and no-rerank estimated (never run on a GPU before 2026-11-28)
     Stage("micro", 2.5, 240, "the reranker's passes, random MiniLM shapes: split, one pass, graphs, a profile"),
-    Stage("shared", 2.0, 200, "serve --workers auto, the served reranker's shape at 128 tokens: REST at 1, 64, 8"),
+    Stage("shared", 2.0, 200, "serve --workers auto, the served reranker's shape and window: REST at 1, 64, 8"),
     # (since 2026-11-26 the workers of `shared` encode and search on the CPU: the layout measured best)
     Stage("no-rerank", 0.7, 100, "serve --workers auto --no-rerank at 64 clients: the host's own ceiling"),
     Stage("compiled", 0.7, 100, "the served reranker eager and compiled: model ms apart from pairs, graphs a bucket"),
