@@ -96,8 +96,6 @@ class DenseRetriever:
     (:func:`engine.retrieval.encoder.load_query_encoder`).
     """
 
-    reads_vector = True
-
     def __init__(
         self,
         checkpoint: DenseCheckpoint,

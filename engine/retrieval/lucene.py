@@ -149,8 +149,6 @@ class LuceneIndex:
     run side by side, also while a refresh swaps the reader; ``close`` waits for those in flight.
     """
 
-    reads_vector = False  # by the text: it runs while the query is encoded
-
     filter_terms = FILTER_TERMS
     filter_depth = FILTER_DEPTH
 

@@ -51,8 +51,6 @@ def write_memory(
 class JudgmentMemory:
     """Scores documents by the judgments of the most similar training queries."""
 
-    reads_vector = True
-
     def __init__(self, folder: str | Path, neighbors: int = 10) -> None:
         self.folder = Path(folder)
         self.vectors = np.load(self.folder / VECTORS_FILE)

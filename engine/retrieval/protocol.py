@@ -42,12 +42,11 @@ class Rows:
 
 @dataclass(frozen=True)
 class Query:
-    """One query as every retriever takes it: its text, its vector (encoded once; None for the
-    retrievers that run while it is encoded, which do not read it) and, when learning on judged
-    queries, the one whose judgments stay unseen."""
+    """One query as every retriever takes it: its text, its vector (encoded once, before any
+    retriever runs) and, when learning on judged queries, the one whose judgments stay unseen."""
 
     text: str
-    vector: np.ndarray | None
+    vector: np.ndarray
     exclude: str | None = None
 
 
@@ -84,9 +83,6 @@ class Within:
 
 
 class Retriever(Protocol):
-    # whether it searches by the query's vector: those that do not (BM25) run while it is encoded
-    reads_vector: bool
-
     def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
         """The top ``k`` (unit id, score), best first."""
         ...

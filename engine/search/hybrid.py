@@ -10,7 +10,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -156,7 +155,6 @@ class HybridEngine:
             self.view.bind_units()
         self.memory = self._load_memory(index_dir)
         self.registered: dict[str, Retriever] = {}  # retrievers added beside the index's own (register)
-        self.encoder_pool = ThreadPoolExecutor(thread_name_prefix="query-encoder")  # a query's vector beside BM25
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
         self.adapted, self.adapt_card = self._load_adapted(index_dir / ADAPT_DIR)
         self._pair_inputs: dict[tuple[str, bool], PairInputs] = {}
@@ -227,7 +225,6 @@ class HybridEngine:
             self.follower.close()
         self.bm25.close()
         self.store.close()
-        self.encoder_pool.shutdown(wait=False)
 
     def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:
         if not self.settings.memory or not (index_dir / MEMORY_DIR).is_dir():

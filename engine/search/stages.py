@@ -89,9 +89,9 @@ def _run_stages(
         engine.follower.catch_up()
     retrievers = engine.retrievers()
     watch = Stopwatch(retrievers)
-    # the query's vector made on another thread (ONNX Runtime lets go of the GIL) while the retrievers
-    # that read only its text (BM25) run here; "encode" is then the wait for it that was left
-    encoding = engine.encoder_pool.submit(engine.dense.encode_query, query)
+    with _retriever("dense"):
+        vector = engine.dense.encode_query(query)  # before the view lock: a refresh never waits on the encoder
+    watch.lap("encode")
     configured = {name: s.retriever(name) for name in retrievers}
     depths = {name: max(options.depths.get(name, part.depth), top_k) for name, part in configured.items()}
     weights = {name: options.weights.get(name, part.weight) for name, part in configured.items()}
@@ -102,21 +102,11 @@ def _run_stages(
             within = Within(engine.dense.units)
         else:
             within = Within(allowed, allowed, allowed.rows, filters)
-        asked, found = Query(query, None, exclude), {}
-        for reading_vector in (False, True):
-            if reading_vector:
-                with _retriever("dense"):
-                    vector = encoding.result()
-                watch.lap("encode")
-                asked = Query(query, vector, exclude)
-            for name, retriever in retrievers.items():
-                if retriever is None:
-                    found[name] = []
-                elif retriever.reads_vector == reading_vector:
-                    with _retriever(name):
-                        found[name] = retriever.retrieve(asked, depths[name], within)
-                    watch.lap(name)
-        found = {name: found[name] for name in retrievers}  # fusion reads them in the registry's order
+        asked, found = Query(query, vector, exclude), {}
+        for name, retriever in retrievers.items():  # in the stopwatch's order
+            with _retriever(name):
+                found[name] = retriever.retrieve(asked, depths[name], within) if retriever is not None else []
+            watch.lap(name)
         rankings = {name: [d for d, _ in hits] for name, hits in found.items()}
         rrf = reciprocal_rank_fusion(rankings, k=rrf_k, weights=weights)
         if fusion is not None:

@@ -67,8 +67,6 @@ def weights(found: list[ShardStatistics | None]) -> tuple[list[list[tuple[str, f
 class ShardedBM25:
     """:class:`~engine.retrieval.protocol.Retriever` over every shard's BM25, as one index."""
 
-    reads_vector = False  # by the text: it runs while the query is encoded
-
     def __init__(self, shards: Shards) -> None:
         self.shards = shards
 

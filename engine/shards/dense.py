@@ -40,8 +40,6 @@ class ShardedLive:
 class ShardedDense:
     """The shards' dense indexes searched as one; queries encoded here, once, by ``query_encoder``."""
 
-    reads_vector = True
-
     def __init__(self, shards: Shards, encoder, query_encoder, backend: str) -> None:
         self.shards, self.encoder, self.query_encoder, self.backend = shards, encoder, query_encoder, backend
         self.units = ShardedLive(shards)
