@@ -437,8 +437,10 @@ class SearchRequest(QueryRequest):
         description='e.g. {"and": [{"year": {"gte": 2020}}, {"document_type": {"in": ["review", "guideline"]}},'
         ' {"not": {"source": "x"}}]}; operators: eq, in, not_in, gt, gte, lt, lte (numbers, ISO dates), exists',
     )
-    explain: Annotated[bool, Field(strict=True)] = Field(
-        False, description="each hit carries every stage's rank and score and how its final place was formed"
+    explain: Annotated[bool, Field(strict=True)] | Literal["full"] = Field(
+        False,
+        description="true: each hit carries every stage's rank and score and how its final place was formed; full:"
+        " also each feature's share of a learned fusion's score (SHAP values: ~10 ms more a query on a CPU)",
     )
     fusion: FusionControls | None = Field(None, description='e.g. {"method": "rrf", "weights": {"bm25": 1}}')
     rerank: RerankControls | None = Field(None, description='e.g. {"enabled": false} or {"depth": 50}')

@@ -25,7 +25,7 @@ def _asked(engine, top_k: int = 5, **controls):
 
 def test_explained_hits_say_every_stage_and_how_fusion_placed_them(engine):
     plain = engine.search(QUERY, 5)
-    explained = _asked(engine, explain=True)
+    explained = _asked(engine, explain="full")
     assert [(h.doc_id, h.score) for h in explained] == [(h.doc_id, h.score) for h in plain]
     assert all(h.explanation is None for h in plain)
     result = engine.stages(QUERY, 5)
@@ -39,7 +39,10 @@ def test_explained_hits_say_every_stage_and_how_fusion_placed_them(engine):
         assert why.fusion.rrf_score == pytest.approx(sum(p.contribution for p in why.retrievers.values()))
         assert why.fusion.method == "learned" and why.fusion.score == hit.fused_score
         assert sum(why.fusion.contributions.values()) == pytest.approx(why.fusion.score, abs=1e-6)  # SHAP adds up
+        assert why.fusion.features["bm25_rank"] == (why.retrievers["bm25"].rank or 1000)
         assert why.rerank is None and why.final.by == "fusion" and why.final.rank == final_rank
+    brief = _asked(engine, explain=True)[0].explanation.fusion  # the model's features, not their shares
+    assert brief.features == explained[0].explanation.fusion.features and brief.contributions is None
 
 
 def test_one_retriever_alone_gives_exactly_its_ranking(engine):

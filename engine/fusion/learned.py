@@ -101,19 +101,21 @@ class LearnedFusion:
         order = np.argsort(-predicted, kind="stable")
         return [(fused[i][0], float(predicted[i])) for i in order]
 
-    def contributions(
-        self, query: str, found: Mapping[str, Ranking], fused: Ranking, doc_ids: Sequence[str]
-    ) -> list[tuple[dict[str, float], dict[str, float]]]:
-        """For each of ``doc_ids`` (candidates of ``fused``): its features, and each feature's share
-        of its score (LightGBM's SHAP values, ``bias`` the model's base), which sum to the score."""
+    def explained(
+        self, query: str, found: Mapping[str, Ranking], fused: Ranking, doc_ids: Sequence[str], shares: bool = False
+    ) -> list[tuple[dict[str, float], dict[str, float] | None]]:
+        """For each of ``doc_ids`` (candidates of ``fused``): its features and, with ``shares``, each
+        feature's share of its score (LightGBM's SHAP values, ``bias`` the model's base), which sum
+        to the score."""
         rows = {doc_id: i for i, (doc_id, _) in enumerate(fused)}
-        features = fusion_features(query, found, fused, self.retrievers)[[rows[d] for d in doc_ids]]
-        shares = self.booster.predict(features, pred_contrib=True, num_threads=1) if len(doc_ids) else []
+        features = fusion_features(query, found, [fused[rows[d]] for d in doc_ids], self.retrievers)
+        features[:, 2 * len(self.retrievers)] = [rows[d] + 1 for d in doc_ids]  # their ranks in fused, not here
+        named = [dict(zip(self.features, map(float, row), strict=True)) for row in features]
+        if not shares or not named:
+            return [(row, None) for row in named]
+        contributions = self.booster.predict(features, pred_contrib=True, num_threads=1)
         names = (*self.features, "bias")
-        return [
-            (dict(zip(self.features, map(float, row), strict=True)), dict(zip(names, map(float, share), strict=True)))
-            for row, share in zip(features, shares, strict=True)
-        ]
+        return [(row, dict(zip(names, map(float, c), strict=True))) for row, c in zip(named, contributions, strict=True)]
 
     def describe(self) -> str:
         params = self.card.get("params", {})

@@ -54,7 +54,7 @@ class SearchOptions:
     rrf_k: float | None = None
     weights: Mapping[str, float] = field(default_factory=dict)
     depths: Mapping[str, int] = field(default_factory=dict)
-    explain: bool = False
+    explain: bool | Literal["full"] = False  # full: with a learned fusion's feature contributions
 
 
 AS_LOADED = SearchOptions()
@@ -115,7 +115,7 @@ def make_hits(
     chunks: dict[str, Chunk],
     similarities: list[float],
     similarity_threshold: float | None = None,
-    explain: bool = False,
+    explain: bool | Literal["full"] = False,
 ) -> Hits:
     """The first ``top_k`` of ``result.final`` as hits, each with its chunk, its ``similarities``
     entry and every retriever's rank and score (``explain``: its whole :class:`Explanation`);
@@ -127,7 +127,8 @@ def make_hits(
         for (doc_id, score), similarity in zip(result.final[:top_k], similarities, strict=True)
         if similarity_threshold is None or similarity >= similarity_threshold
     ]
-    explained = explain_hits(result, [doc_id for doc_id, _, _ in kept]) if explain else [None] * len(kept)
+    ids = [doc_id for doc_id, _, _ in kept]
+    explained = explain_hits(result, ids, explain == "full") if explain else [None] * len(kept)
     hits = []
     for (doc_id, score, similarity), explanation in zip(kept, explained, strict=True):
         chunk = chunks[doc_id]
