@@ -72,6 +72,9 @@ class RetrievalResult(BaseModel):
     retrieved_chunks: list[RetrievedChunk]
     total_results: int
     search_duration_ms: float
+    next_page_token: str | None = Field(
+        None, exclude_if=lambda value: value is None, description='only with "paginate": true while more remain'
+    )
 
 
 class ContextChunk(BaseModel):

@@ -81,7 +81,7 @@ class RetrievalAgent:
                 metadata={**h.metadata, "document_id": h.document_id, "title": h.title},
                 explanation=h.explanation,
             )
-            for h in hits
+            for h in (chunk for hit in hits for chunk in (hit, *hit.group))  # grouped: a document's chunks together
         ]
         elapsed = (time.perf_counter() - started) * 1000
         return RetrievalResult(
@@ -89,6 +89,7 @@ class RetrievalAgent:
             retrieved_chunks=chunks,
             total_results=len(chunks),
             search_duration_ms=round(elapsed, 2),
+            next_page_token=getattr(hits, "next_page_token", None),
         )
 
     def _ingest(self, document: DocumentIngestion, wait: bool) -> IngestionAck:

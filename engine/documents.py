@@ -23,6 +23,7 @@ from pydantic import (
     JsonValue,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -38,6 +39,8 @@ DOCUMENT_TYPE, DATE = "document_type", "date"
 MAX_TOP_K = 100
 # the widest a request may set a stage (a server's settings may pin a control, never widen these)
 MAX_DEPTH, MAX_RERANK_DEPTH, MAX_WEIGHT, MAX_RRF_K = 1000, 200, 100.0, 1000.0
+MAX_GROUP_SIZE = 10  # a grouped hit's chunks at most
+MAX_HIGHLIGHTS, MAX_NEIGHBORS = 10, 5  # a hit's sentences, and its chunks on each side, at most
 MAX_QUERY_CHARS = 4000  # Settings.max_query_chars' default: what the agent protocol and the solver take
 
 
@@ -428,6 +431,26 @@ class RetrieverControls(BaseModel):
     depth: Depth | None = Field(None, description="candidates this retriever hands to fusion")
 
 
+class HighlightControls(BaseModel):
+    """Each hit's best sentences, with their offsets in its text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sentences: Annotated[int, Field(ge=1, le=MAX_HIGHLIGHTS, strict=True), BeforeValidator(_whole)] = Field(
+        2, description="sentences a hit shows, best first"
+    )
+
+
+class ContextControls(BaseModel):
+    """The chunks around each hit in its document and section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    neighbors: Annotated[int, Field(ge=1, le=MAX_NEIGHBORS, strict=True), BeforeValidator(_whole)] = Field(
+        1, description="chunks before and after a hit"
+    )
+
+
 class SearchRequest(QueryRequest):
     """A search with, optionally, an explanation of each hit and this request's own fusion,
     reranking and retriever depths, within the limits the server sets."""
@@ -448,10 +471,56 @@ class SearchRequest(QueryRequest):
         None, description='per retriever, e.g. {"dense": {"depth": 200}}'
     )
 
+    group_by: Literal["document_id"] | None = Field(
+        None, description="document_id: top_k distinct documents, each hit its best chunk with the next in its group"
+    )
+    group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE, strict=True), BeforeValidator(_whole)] = Field(
+        1, description="with group_by: the chunks a document shows, best first (the hit and its group)"
+    )
+
+    paginate: Annotated[bool, Field(strict=True)] = Field(
+        False,
+        description="the reply carries next_page_token while the ranking holds more: this ranking, pinned (pages"
+        " concatenate to one longer list whatever is written meanwhile)",
+    )
+    page_token: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
+        None,
+        description="the next_page_token of the reply before, with the same query, filters and controls (top_k may"
+        " change): the next page of that reply's ranking; an expired one is a 410",
+    )
+
+    highlight: HighlightControls | None = Field(
+        None, description='e.g. {"sentences": 2}: each hit\'s best sentences, with their offsets in its text'
+    )
+    context: ContextControls | None = Field(
+        None, description='e.g. {"neighbors": 1}: each hit with the chunks before and after it in its section'
+    )
+
+    @field_validator("group_size")
+    @classmethod
+    def _grouped(cls, size: int, info: ValidationInfo) -> int:
+        if size != 1 and info.data.get("group_by") is None:
+            raise ValueError("group_size needs group_by")
+        return size
+
     @property
     def controlled(self) -> bool:
         """Whether the request departs from the server's fusion, reranking or depths."""
         return any(v is not None for v in (self.fusion, self.rerank, self.retrievers))
+
+
+class FacetRequest(BaseModel):
+    """Exact counts of one metadata key's values among the chunks that match (POST /facets)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: Name = Field(description="the metadata key whose values are counted, e.g. document_type")
+    filters: SearchFilters | None = Field(None, description="count only the chunks these filters allow")
+    query: Query | None = Field(None, description="count only this query's candidates (every retriever's, fused)")
+    count: Literal["chunks", "documents"] = Field("chunks", description="what each value's count counts")
+    size: Annotated[int, Field(ge=1, le=1000, strict=True), BeforeValidator(_whole)] = Field(
+        100, description="values answered at most, most held first"
+    )
 
 
 @functools.cache

@@ -48,7 +48,8 @@ class DocSearch(Protocol):
     """Where the agent's searches go: the in-process engine or a remote MCP tool."""
 
     async def answer(self, request: SearchRequest) -> dict:
-        """The reply's data part: ``doc_ids``, and ``explanations`` when the request asked."""
+        """The reply's data part: ``doc_ids``, ``explanations`` when the request asked, and
+        ``next_page_token`` when it paginates and more remain."""
         ...
 
 
@@ -59,7 +60,12 @@ class EngineSearch:
     async def answer(self, request: SearchRequest) -> dict:
         hits = await self.service.search(request, door="a2a")
         explained = [hit.explanation.model_dump(mode="json") for hit in hits] if request.explain else None
-        return {"doc_ids": [hit.doc_id for hit in hits], **({"explanations": explained} if request.explain else {})}
+        paged = {"next_page_token": hits.next_page_token} if getattr(hits, "next_page_token", None) else {}
+        return {
+            "doc_ids": [hit.doc_id for hit in hits],
+            **({"explanations": explained} if request.explain else {}),
+            **paged,
+        }
 
 
 class McpSearch:

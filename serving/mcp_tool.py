@@ -21,11 +21,19 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
 
-from engine.documents import SEARCH_TOOL, DocumentIn
+from engine.documents import SEARCH_TOOL, DocumentIn, FacetRequest
 from engine.errors import ServiceError
 from engine.live.writer import DocumentNotFound
 from serving.presentation import Presentation
-from serving.replies import DOCUMENT_URI, ChunkResponse, SearchResponse, to_chunks, to_response
+from serving.replies import (
+    DOCUMENT_URI,
+    ChunkResponse,
+    FacetResponse,
+    SearchResponse,
+    to_chunks,
+    to_facets,
+    to_response,
+)
 from serving.requests import validated
 from serving.search_service import SearchService
 
@@ -77,9 +85,14 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     @server.tool(
         name="search",
         description="Search the index's chunks, optionally narrowed by filters (document_types, date_range"
-        " [from, to], document_ids, or equality on any metadata key) and a similarity_threshold (0-1);"
+        " [from, to], document_ids, any metadata key equal to a value or under operators: eq, in, not_in, gt, gte,"
+        ' lt, lte, exists; and, or, not combine them) and a similarity_threshold (0-1);'
         ' explain: true says why each hit is where it is; fusion {"method", "k", "weights": {"bm25": 1, ...}},'
-        ' rerank {"enabled", "depth"} and retrievers {"dense": {"depth": N}} set this search\'s stages.',
+        ' rerank {"enabled", "depth"} and retrievers {"dense": {"depth": N}} set this search\'s stages;'
+        ' group_by "document_id" with group_size N: one hit a document, its best N chunks; paginate: true'
+        " answers next_page_token, sent back as page_token with the same arguments for the next page;"
+        ' highlight {"sentences": N}: each hit\'s best sentences with offsets; context {"neighbors": N}: the chunks'
+        " around each hit.",
     )
     @takes(
         service.search_request,
@@ -91,9 +104,28 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         "fusion",
         "rerank",
         "retrievers",
+        "group_by",
+        "group_size",
+        "paginate",
+        "page_token",
+        "highlight",
+        "context",
     )
     async def search(**arguments) -> ChunkResponse:
         return to_chunks(await searched(service.search_request, arguments))
+
+    @server.tool(
+        name="facets",
+        description="Exact counts of one metadata key's values (e.g. document_type) among the chunks that match"
+        " filters (as search takes them) and optionally a query's candidates; count: chunks or documents.",
+    )
+    @takes(FacetRequest, *FacetRequest.model_fields)
+    async def facets(**arguments) -> FacetResponse:
+        try:
+            asked = validated(FacetRequest, arguments)
+            return to_facets(asked.key, asked.count, await service.facets(asked, door="mcp"))
+        except ServiceError as exc:
+            raise ToolError(str(exc)) from None
 
     if service.settings.serving.mcp_writes:
 

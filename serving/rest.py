@@ -21,14 +21,14 @@ from starlette.routing import Route
 
 from agents.chat_responder import GenerationFailed
 from agents.solver import SolverRequest
-from engine.documents import SEARCH_TOOL, DocumentIn
+from engine.documents import SEARCH_TOOL, DocumentIn, FacetRequest
 from engine.live.writer import DocumentNotFound
 from engine.search import Hit
 from engine.store.wal import StorageFull
 from serving.admission import Overloaded
 from serving.openapi import Op, openapi_document
 from serving.protocol_routes import ProtocolDoor
-from serving.replies import to_chunks, to_response
+from serving.replies import FacetResponse, to_chunks, to_facets, to_response
 from serving.requests import BadRequest, json_body, validated
 from serving.rerank_api import PATHS as RERANK_PATHS
 from serving.rerank_api import RerankReply, RerankRequest, reply
@@ -56,6 +56,11 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
 
         reply = get_type_hints(respond)["return"]
         return Op(f"POST /{path}", handler, summary, what, (*BODY, *BUSY), reply=reply, body=body)
+
+    async def facets(request: Request) -> Response:
+        asked = validated(FacetRequest, await json_body(request, limit))
+        answer = to_facets(asked.key, asked.count, await service.facets(asked, door="rest"))
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     async def post_document(request: Request) -> Response:
         ack = await service.upsert(await json_body(request, limit), wait=_waits(request))
@@ -102,6 +107,15 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
             to_chunks,
             "Top chunks for a query, with filters, a threshold, this request's fusion and reranking, explained",
             "ranked chunks (each with its explanation when asked)",
+        ),
+        Op(
+            "POST /facets",
+            facets,
+            "Exact counts of a metadata key's values among the chunks the filters (and a query) match",
+            "each value with its count, most held first",
+            (*BODY, *BUSY),
+            reply=FacetResponse,
+            body=FacetRequest,
         ),
         Op(
             "POST /documents",

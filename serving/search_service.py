@@ -18,7 +18,7 @@ from agents.settings import trace_db_for
 from agents.solver import Solver, SolverRequest
 from agents.system import build_responder, build_router
 from agents.traces import TraceStore
-from engine.documents import DocumentIn, QueryRequest, SearchRequest
+from engine.documents import DocumentIn, FacetRequest, QueryRequest, SearchRequest
 from engine.errors import ServiceError
 from engine.health import FailureCount
 from engine.live.writer import DocumentNotFound, Writer
@@ -156,6 +156,19 @@ class SearchService:
     def _observe(self, seconds: Mapping[str, float]) -> None:
         for stage, spent in seconds.items():
             self.latency.labels(stage).observe(spent)
+
+    async def facets(self, request: FacetRequest, door: str) -> list[tuple[object, int]]:
+        """Counts of a key's values (:meth:`HybridEngine.facets`), admitted and timed as a search is."""
+        self.requests.labels(f"{door}-facets").inc()
+        loop = asyncio.get_running_loop()
+        try:
+            async with self.admission.slot(door) as outlive:
+                future = loop.run_in_executor(self._pool, self.engine.facets, request)
+                outlive(future)
+                return await asyncio.wait_for(asyncio.shield(future), timeout=self.settings.serving.query_timeout_s)
+        except TimeoutError:
+            self.errors.labels(door, "timeout").inc()
+            raise QueryTimeout(f"counting took longer than {self.settings.serving.query_timeout_s:g} s") from None
 
     async def rerank(self, request: RerankRequest) -> list[float]:
         """A caller's own candidates scored by the served reranker (``POST /v1/rerank``), admitted and

@@ -222,6 +222,30 @@ def test_operator_filters_over_http(live_server):
     assert found == {"y2", "y3", "y4", "y5"}  # 2021 and later, or a source of z
     bad = httpx.post(f"{url}/search", json={"query": "sorghum", "filters": {"year": {"gte": "soon"}}})
     assert bad.status_code == 422 and "year" in bad.json()["error"]
+    grouped = {"query": "sorghum harvest", "top_k": 3, "group_by": "document_id", "group_size": 2, "filters": filters}
+    results = httpx.post(f"{url}/search", json=grouped).json()["results"]
+    assert len({r["document_id"] for r in results}) == 3 and all(len(r["group"]) == 1 for r in results)
+    assert all(r["group"][0]["document_id"] == r["document_id"] != "" for r in results)
+    assert "group" not in httpx.post(f"{url}/search", json={"query": "sorghum"}).json()["results"][0]
+    asked, pages = {"query": "sorghum harvest", "top_k": 3, "filters": filters, "paginate": True}, []
+    while True:
+        reply = httpx.post(f"{url}/search", json=asked).json()
+        pages += [r["doc_id"] for r in reply["results"]]
+        if "next_page_token" not in reply:
+            break
+        asked["page_token"] = reply["next_page_token"]
+    assert sorted(pages) == sorted(f"y{i}#c{j}" for i in range(2, 6) for j in (1, 2))  # each once
+    facets = httpx.post(f"{url}/facets", json={"key": "source", "filters": {"year": {"gte": 2020}}}).json()
+    counted = [{"value": "z", "count": 4}, {"value": "x", "count": 2}, {"value": "y", "count": 2}]  # y2-y5's
+    assert facets == {"key": "source", "count": "chunks", "values": counted}
+    refused = httpx.post(f"{url}/facets", json={"key": "source", "count": "pages"})
+    assert refused.status_code == 422 and refused.json()["error"].startswith("count")
+    highlighted = {"query": "sorghum harvest", "top_k": 2, "highlight": {"sentences": 1}, "context": {"neighbors": 1}}
+    for r in httpx.post(f"{url}/search", json=highlighted).json()["results"]:
+        assert [r["text"][h["start"] : h["end"]] for h in r["highlights"]] == [h["text"] for h in r["highlights"]]
+        assert len(r["context"]["before"]) + len(r["context"]["after"]) == 1  # each note's other chunk
+    foreign = httpx.post(f"{url}/search", json={"query": "millet", "page_token": asked["page_token"]})
+    assert foreign.status_code == 422 and foreign.json()["error"].startswith("page_token")
     plain = httpx.post(f"{url}/search_nfcorpus", json={"query": "sorghum", "filters": {"year": {"gte": 2020}}})
     assert plain.status_code == 422  # the benchmark's search keeps today's filters
     for i in range(6):
@@ -332,6 +356,9 @@ def test_mcp_search_and_write_tools(live_server):
             hits = await client.call_tool("search", {"query": "millet", "top_k": 3, "filters": operators})
             assert [r["doc_id"] for r in hits.structured_content["results"]] == ["m1#p1"]
             assert "and" in json.dumps(tools["search"].input_schema)
+            assert {"group_by", "group_size"} <= set(tools["search"].input_schema["properties"])
+            counted = await client.call_tool("facets", {"key": "tags", "filters": {"page": {"exists": True}}})
+            assert {v["value"]: v["count"] for v in counted.structured_content["values"]} == {"grain": 1, "porridge": 1}
             nested = await client.call_tool("search", {"query": "millet", "filters": {"source": "Grains"}})
             assert nested.is_error and "filter 'source'" in nested.content[0].text
             bad = await client.call_tool("search", {"query": "millet", "filters": {"date_range": ["soon", None]}})

@@ -8,10 +8,14 @@ from typing import TYPE_CHECKING
 
 from engine.documents import MAX_DEPTH, MAX_RERANK_DEPTH, QueryRequest, SearchRequest
 from engine.errors import INVALID_PARAMS, ServiceError
+from engine.search.pages import fingerprint
 from engine.search.results import AS_LOADED, SearchOptions
 
 if TYPE_CHECKING:
     from engine.search.hybrid import HybridEngine
+
+
+PAGING = {"top_k", "paginate", "page_token"}  # what a request may change between its pages
 
 
 class InvalidControl(ServiceError, ValueError):
@@ -63,4 +67,10 @@ def search_options(request: QueryRequest, engine: HybridEngine) -> SearchOptions
         weights=weights,
         depths=depths,
         explain=request.explain,
+        group_size=request.group_size if request.group_by else 0,
+        paginate=request.paginate or request.page_token is not None,
+        page_token=request.page_token,
+        fingerprint=fingerprint(request.model_dump_json(exclude=PAGING)),
+        highlight=request.highlight.sentences if request.highlight else 0,
+        neighbors=request.context.neighbors if request.context else 0,
     )

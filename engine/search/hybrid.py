@@ -11,13 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine import telemetry
-from engine.documents import RETRIEVER_NAME, Filters, QueryRequest
+from engine.documents import RETRIEVER_NAME, FacetRequest, Filters, QueryRequest
 from engine.fusion.graph import CARD_SHOWN, AdaptedStageError, CorpusGraph, load_adapted
 from engine.fusion.learned import FusionModelError, LearnedFusion
 from engine.health import FailureCount
@@ -33,6 +33,9 @@ from engine.retrieval.protocol import Ranking, Retriever
 from engine.search import stages
 from engine.search.allowed import AllowedSets
 from engine.search.controls import search_options
+from engine.search.groups import by_document
+from engine.search.highlights import highlights
+from engine.search.pages import Pins
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult, make_hits
 from engine.search.shard import LocalShard
 from engine.settings import EngineSettings
@@ -164,6 +167,7 @@ class HybridEngine:
             self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
+        self.pins = Pins()  # rankings pinned for their next pages
 
     def _open_shards(self, writable: bool, encoder, query_encoder) -> list[HybridEngine]:
         """Every shard's engine; those opened are closed again when one cannot open (its writer's lock
@@ -427,6 +431,8 @@ class HybridEngine:
     ) -> Hits:
         """``top_k`` unique chunks, best first; fewer only if fewer match the filters or reach the
         threshold (on :meth:`similarity`), or a sharded index's shard did not answer (``missing_shards``).
+        With ``options.paginate`` the ranking is pinned and the hits carry the next page's token;
+        with ``options.page_token`` that page is read off the pinned ranking (:mod:`engine.search.pages`).
 
         The one way a query is answered: every door, agent and the solver search here (``door``
         names who asked), so each search gets one ``search`` span with its stage spans, and its
@@ -436,10 +442,17 @@ class HybridEngine:
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
         with telemetry.search_span(door, query, top_k, filtered=filters is not None) as span:
-            result = self.stages(query, top_k, filters=filters, options=options)
-            for observe in self.stage_observers:
-                observe(result.seconds)
-            hits = self.hits(result, top_k, similarity_threshold, options.explain)
+            if options.page_token is not None:  # a later page: read off the ranking its token pinned
+                pin, offset, result = self.pins.page(options.page_token, options.fingerprint)
+            else:
+                result = self.stages(query, top_k, filters=filters, options=options)
+                for observe in self.stage_observers:
+                    observe(result.seconds)
+                pin, offset = (self.pins.pin(result) if options.paginate else None), 0
+            hits = self.hits(result, top_k, similarity_threshold, options.explain, options.group_size, offset)
+            if pin is not None and hits.more:
+                hits.next_page_token = self.pins.token(pin, offset + top_k, options.fingerprint)
+            self.passages(hits, result, options)
             span.set_attribute("search.hits", len(hits))
         return hits
 
@@ -458,14 +471,84 @@ class HybridEngine:
         return [calibration.probability(fused[d], rank) for rank, (d, _) in enumerate(ranking, start=1)]
 
     def hits(
-        self, result: StageResult, top_k: int, similarity_threshold: float | None = None, explain: bool = False
+        self,
+        result: StageResult,
+        top_k: int,
+        similarity_threshold: float | None = None,
+        explain: bool | Literal["full"] = False,
+        group_size: int = 0,
+        offset: int = 0,
     ) -> Hits:
-        """The answer: ``result``'s top ``top_k`` (at most the ``top_k`` it was run for), built only from
-        what :meth:`stages` read under the view lock (a write since cannot take a row from it);
-        ``explain``: each hit with its explanation."""
-        ranking = result.final[:top_k]
-        similarities = self.similarity(result, ranking)
-        return make_hits(result, top_k, result.chunks, similarities, similarity_threshold, explain)
+        """The answer: ``result``'s hits ``offset`` to ``offset + top_k`` (its first ``top_k`` as
+        :meth:`stages` read them under the view lock, so a write since cannot take a row from them;
+        past those, :meth:`reach` reads on); ``explain``: each hit with its explanation.
+        ``group_size``: documents, not chunks (:func:`~engine.search.groups.by_document`), each hit
+        its document's best chunk with the next ones in its ``group``. ``more``: whether the ranking
+        holds hits past these."""
+        end = offset + top_k
+        head = result.final[:end] if end <= len(result.final) else result.ranked[:end]  # the same, read once
+        window = result.ranked if group_size else head
+        held = self.reach(result, window)
+        similar = dict(zip((d for d, _ in held), self.similarity(result, held), strict=True))
+        if not group_size:
+            page = [hit for hit in window[offset:end] if hit[0] in similar]
+            hits = make_hits(result, page, result.chunks, [similar[d] for d, _ in page], similarity_threshold, explain)
+            hits.more = len(result.ranked) > end
+            return hits
+        groups = by_document(held, {d: c.document_id for d, c in result.chunks.items()}, end + 1, group_size)
+        leaders = [group[0] for group in groups[offset:end]]
+        threshold = similarity_threshold
+        hits = make_hits(result, leaders, result.chunks, [similar[d] for d, _ in leaders], threshold, explain)
+        members = {group[0][0]: group[1:] for group in groups}
+        for hit in hits:
+            rest = members[hit.doc_id]
+            hit.group = make_hits(result, rest, result.chunks, [similar[d] for d, _ in rest], None, explain)
+        hits.grouped, hits.more = True, len(groups) > end
+        return hits
+
+    def facets(self, request: FacetRequest) -> list[tuple[object, int]]:
+        """(value, count) of ``request.key``'s most held values among the chunks its filters allow
+        or, with a query, among that query's fused candidates (:meth:`DocStore.facets`)."""
+        rows, filters = None, request.filters
+        if request.query is not None:
+            result = self.stages(request.query, 1, filters=filters, options=SearchOptions(rerank_depth=0))
+            found = self.dense.units.rows_of([d for d, _ in result.fused])
+            rows, filters = [int(r) for r in found if r >= 0], None  # the candidates hold the filters already
+        counts = self.store.facets(request.key, filters, rows, request.size if request.count == "chunks" else None)
+        by = 1 if request.count == "chunks" else 2
+        return sorted(((found[0], found[by]) for found in counts), key=lambda c: -c[1])[: request.size]
+
+    def passages(self, hits: Hits, result: StageResult, options: SearchOptions) -> None:
+        """What a request asked of each hit's text (its group's too): its best sentences, scored by the
+        index's bi-encoder against the query's vector (:mod:`engine.search.highlights`), and the chunks
+        around it in its section."""
+        every = [chunk for hit in hits for chunk in (hit, *hit.group)]
+        if options.highlight and every:
+            found = highlights(self.dense.encoder, result.query_vector, [h.text for h in every], options.highlight)
+            for hit, best in zip(every, found, strict=True):
+                hit.highlights = best
+        if options.neighbors:
+            for hit in every:
+                hit.context = self.store.neighbors(hit.doc_id, options.neighbors)
+
+    def reach(self, result: StageResult, ranking: Ranking) -> Ranking:
+        """``ranking`` with the chunks and cosines :meth:`hits` reads, past the head :meth:`stages` read
+        in the view as it is now (kept in ``result``, so that its later pages read the same); a chunk
+        deleted since is left out."""
+        cosines = result.fusion is None or result.fusion.calibration is None
+        if all(d in result.chunks and (d in result.cosines or not cosines) for d, _ in ranking):
+            return ranking
+        with self.view_lock.reading():
+            missing = [d for d, _ in ranking if d not in result.chunks]
+            if missing:
+                result.chunks.update(self.store.chunks(missing))
+            held = [hit for hit in ranking if hit[0] in result.chunks]
+            if cosines:
+                ids = [d for d, _ in held if d not in result.cosines]
+                ids = [d for d, kept in zip(ids, self.dense.units.contains(ids).tolist(), strict=True) if kept]
+                result.cosines.update(zip(ids, self.dense.similarity(result.query_vector, ids), strict=True))
+                held = [hit for hit in held if hit[0] in result.cosines]
+        return held
 
 
 def _gflop(reranker, depth: int) -> float | None:

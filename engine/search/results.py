@@ -13,6 +13,7 @@ from engine.rerank.cross_encoder import Scorer
 from engine.retrieval.protocol import Ranking
 from engine.search.explain import Explanation
 from engine.search.explain import explain as explain_hits
+from engine.search.highlights import Highlight
 from engine.store.docstore import Chunk
 
 
@@ -33,6 +34,9 @@ class Hit:
     found: dict[str, tuple[int, float]] = field(default_factory=dict)  # by each retriever that found it: (rank, score)
     rerank_score: float | None = None
     explanation: Explanation | None = None  # only when the request asked for one
+    group: list[Hit] = field(default_factory=list)  # grouped by document: its next best chunks, best first
+    highlights: list[Highlight] | None = None  # asked for: its best sentences
+    context: tuple[list[Chunk], list[Chunk]] | None = None  # asked for: the chunks before and after it
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,9 @@ class SearchOptions:
     being chosen); ``rerank_depth``: fused candidates to rerank, 0 for none (default: the engine's).
     A request's controls (:meth:`HybridEngine.options_for`): ``method`` ``rrf`` fuses by RRF alone,
     ``learned`` with the engine's model; ``rrf_k``, and ``weights`` and ``depths`` by retriever, in
-    place of the settings'; ``explain``: each hit carries its :class:`Explanation`.
+    place of the settings'; ``explain``: each hit carries its :class:`Explanation`; ``group_size``:
+    the hits are documents, each with its best chunks; ``paginate``, ``page_token`` and
+    ``fingerprint``: pages of one pinned ranking (:mod:`engine.search.pages`).
     """
 
     reranker: Scorer | None = None
@@ -55,6 +61,12 @@ class SearchOptions:
     weights: Mapping[str, float] = field(default_factory=dict)
     depths: Mapping[str, int] = field(default_factory=dict)
     explain: bool | Literal["full"] = False  # full: with a learned fusion's feature contributions
+    group_size: int = 0  # >0: one hit per document, with its best ``group_size`` chunks
+    paginate: bool = False  # pin the ranking and answer the next page's token
+    page_token: str | None = None  # a page of a pinned ranking, not a new search
+    fingerprint: str = ""  # the request a page token is bound to
+    highlight: int = 0  # >0: each hit's best sentences
+    neighbors: int = 0  # >0: each hit's chunks before and after
 
 
 AS_LOADED = SearchOptions()
@@ -99,32 +111,42 @@ class StageResult:
         """The order served: the reranked head when the reranker ran, else the fused order."""
         return self.reranked if self.reranked is not None else self.fused
 
+    @property
+    def ranked(self) -> Ranking:
+        """Every candidate in the order served: :attr:`final`, then the fused ones it left out."""
+        head = {d for d, _ in self.final}
+        return self.final + [hit for hit in self.fused if hit[0] not in head]
+
 
 class Hits(list[Hit]):
     """A search's answer, best first; ``missing_shards``: the shards of a sharded index that did not
-    answer, so the hits lack their documents (empty: a whole answer)."""
+    answer, so the hits lack their documents (empty: a whole answer); ``grouped``: one hit a
+    document, its next chunks in its ``group``; ``more``: the ranking holds hits past these, the
+    next page's ``next_page_token`` when the search pinned its ranking."""
 
-    def __init__(self, hits: list[Hit], missing_shards: list[int]) -> None:
+    def __init__(self, hits: list[Hit], missing_shards: list[int], grouped: bool = False) -> None:
         super().__init__(hits)
         self.missing_shards = missing_shards
+        self.grouped, self.more = grouped, False
+        self.next_page_token: str | None = None
 
 
 def make_hits(
     result: StageResult,
-    top_k: int,
+    ranking: Ranking,
     chunks: dict[str, Chunk],
     similarities: list[float],
     similarity_threshold: float | None = None,
     explain: bool | Literal["full"] = False,
 ) -> Hits:
-    """The first ``top_k`` of ``result.final`` as hits, each with its chunk, its ``similarities``
-    entry and every retriever's rank and score (``explain``: its whole :class:`Explanation`);
-    those under ``similarity_threshold`` are left out."""
+    """``ranking`` (of ``result``'s) as hits, each with its chunk, its ``similarities`` entry and
+    every retriever's rank and score (``explain``: its whole :class:`Explanation`, ``full`` with a
+    learned fusion's feature contributions); those under ``similarity_threshold`` are left out."""
     found = {name: {d: (r, s) for r, (d, s) in enumerate(ranking, 1)} for name, ranking in result.retrieved.items()}
     fused = dict(result.fused)
     kept = [
         (doc_id, score, similarity)
-        for (doc_id, score), similarity in zip(result.final[:top_k], similarities, strict=True)
+        for (doc_id, score), similarity in zip(ranking, similarities, strict=True)
         if similarity_threshold is None or similarity >= similarity_threshold
     ]
     ids = [doc_id for doc_id, _, _ in kept]

@@ -204,18 +204,64 @@ class DocStore:
         query = "SELECT row FROM chunks WHERE document_id = ? ORDER BY row"
         return [r for (r,) in self._conn().execute(query, (document_id,))]
 
+    def neighbors(self, unit: str, n: int) -> tuple[list[Chunk], list[Chunk]]:
+        """The up to ``n`` chunks before and after ``unit`` in its document, nearest last and first,
+        within its section (a chunk's metadata ``section``: the run stops where it changes)."""
+        conn = self._conn()
+        found = conn.execute("SELECT document_id, position FROM chunks WHERE unit_id = ?", (unit,)).fetchone()
+        if found is None:
+            return [], []
+        document, position = found
+        query = "SELECT position, unit_id FROM chunks WHERE document_id = ? AND position BETWEEN ? AND ?"
+        near = dict(conn.execute(query, (document, position - n, position + n)))
+        chunks = self.chunks([*near.values()])
+        section = chunks[unit].metadata.get("section") if unit in chunks else None
+        sides: tuple[list[Chunk], list[Chunk]] = ([], [])
+        for side, step in zip(sides, (-1, 1), strict=True):
+            at = position + step
+            while at in near and (chunk := chunks.get(near[at])) and chunk.metadata.get("section") == section:
+                side.append(chunk)
+                at += step
+        return sides[0][::-1], sides[1]
+
     def matching(self, filters: Filters) -> dict[str, int]:
         """unit id -> row of every chunk the filters allow; :class:`UnfilterableKey` for an equality
         on a key some chunk holds as an object (or another value :func:`filter_values` cannot read)."""
-        conn = self._conn()
+        self._readable(filters)
+        return dict(self._conn().execute(*matching_sql(filters, bool(self.meta("fields_indexed")))))
+
+    def _readable(self, filters: Filters) -> None:
+        """:class:`UnfilterableKey` for a key of ``filters`` that some chunk holds in a shape they cannot read."""
         for key in sorted(filters.keys()):
-            if conn.execute(_UNREADABLE_HELD, (key, UNREADABLE)).fetchone():
+            if self._conn().execute(_UNREADABLE_HELD, (key, UNREADABLE)).fetchone():
                 raise UnfilterableKey(
                     f"filter {key!r}: some documents hold metadata.{key} as an object, a list of lists or objects"
                     " or an integer past 64 bits, which filters cannot read (they read strings, numbers, booleans"
                     " and lists of them)"
                 )
-        return dict(conn.execute(*matching_sql(filters, bool(self.meta("fields_indexed")))))
+
+    def facets(
+        self, key: str, filters: Filters | None = None, rows: Sequence[int] | None = None, size: int | None = 100
+    ) -> list[tuple[object, int, int]]:
+        """(value, chunks, documents) of ``key``'s ``size`` (None: all) most held values among the
+        chunks that ``filters`` allow (and, given, of ``rows``), most chunks first: read off
+        ``chunk_fields`` by key (a list's members each count), in proportion to the chunks holding it."""
+        args: list = [key]
+        query = (
+            "SELECT f.value, count(*), count(DISTINCT c.document_id) FROM chunk_fields f"
+            " JOIN chunks c ON c.row = f.row WHERE f.key = ? AND f.value < ?"
+        )
+        args.append(UNREADABLE)
+        if filters is not None and not filters.empty:
+            self._readable(filters)
+            where = _where(filters, bool(self.meta("fields_indexed")), inner := [])
+            query += f" AND f.row IN (SELECT c.row FROM chunks c JOIN documents d USING (document_id) WHERE {where})"
+            args += inner
+        if rows is not None:
+            query += f" AND f.row IN ({','.join('?' * len(rows))})"
+            args += [int(r) for r in rows]
+        query += " GROUP BY f.value ORDER BY count(*) DESC, f.value LIMIT ?"
+        return [tuple(found) for found in self._conn().execute(query, [*args, -1 if size is None else size])]
 
     def plan(self, query: str, args: Sequence) -> list[str]:
         """SQLite's plan for ``query``: how it finds the rows (an index, or a scan of a table)."""
