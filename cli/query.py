@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=W,...",
         help="this search's RRF weight of each retriever named, e.g. bm25=1,dense=0.5 (0 leaves one out)",
     )
+    p.add_argument("--group-size", type=int, help="one hit a document, with its best N chunks (group_by document_id)")
+    p.add_argument("--highlight", type=int, metavar="N", help="each hit's best N sentences, with their offsets")
+    p.add_argument("--neighbors", type=int, metavar="N", help="each hit's N chunks before and after, in its section")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_settings(p, SEARCH)
     p.set_defaults(run=search, answers_queries=True)
@@ -57,6 +60,12 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
     try:
         limited = SearchRequest.limited(settings.serving.max_query_chars)
         controls = {"explain": args.explain, "fusion": {"weights": weights} if weights else None}
+        if args.group_size is not None:
+            controls |= {"group_by": "document_id", "group_size": args.group_size}
+        if args.highlight is not None:
+            controls["highlight"] = {"sentences": args.highlight}
+        if args.neighbors is not None:
+            controls["context"] = {"neighbors": args.neighbors}
         request = limited.model_validate(fields | controls | {"filters": _filters(args)})
     except ValidationError as exc:
         raise ValueError(as_flags(exc)) from None
@@ -91,6 +100,11 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
     if args.explain:
         for rank, hit in enumerate(hits, start=1):
             console.print(f"[bold]{rank}. {hit.doc_id}[/] {_told(hit.explanation)}")
+    for rank, hit in enumerate(hits, start=1):
+        if hit.group:
+            console.print(f"[bold]{rank}. {hit.doc_id}[/] also: {', '.join(member.doc_id for member in hit.group)}")
+        for found in hit.highlights or []:
+            console.print(f"[bold]{rank}.[/] [{found.start}:{found.end}] {found.score:.3f} {found.text}")
     if engine.reranker is None:
         console.print("[yellow]no reranker: fused order shown[/]")
     return 0
@@ -105,13 +119,17 @@ def checked(name: str, value: object) -> object:
         raise ValueError(as_flags(exc, name)) from None
 
 
+_FLAGS = {("fusion", "weights"): "weights", ("highlight", "sentences"): "highlight", ("context", "neighbors"): "neighbors"}
+
+
 def as_flags(exc: ValidationError, field: str | None = None) -> str:
     """A search request's validation error in the CLI's words: ``--top-k: ...``, ``query: ...``."""
     named = []
     for error in exc.errors():
         where = [field, *error["loc"]] if field else list(error["loc"])
-        if where[:2] == ["fusion", "weights"]:  # what --weights gives
-            where = ["weights", *where[2:]]
+        for given, flag in _FLAGS.items():  # what --weights, --highlight, --neighbors give
+            if where[:2] == list(given):
+                where = [flag, *where[2:]]
         flag = "query" if where[0] == "query" else "--" + str(where[0]).replace("_", "-")
         named.append(".".join([flag, *map(str, where[1:])]) + f": {error['msg']}")
     return "; ".join(named)
@@ -151,11 +169,18 @@ def _weights(given: str | None) -> dict[str, str] | None:
 
 def _as_json(hit: Hit, retrievers: list[str]) -> dict:
     """A hit as the CLI prints it: each retriever's rank and score as ``<name>_rank``, ``<name>_score``."""
-    shown = {k: v for k, v in hit.__dict__.items() if k not in ("found", "explanation")}
+    asked = ("found", "explanation", "group", "highlights", "context")
+    shown = {k: v for k, v in hit.__dict__.items() if k not in asked}
     for name in retrievers:
         shown[f"{name}_rank"], shown[f"{name}_score"] = hit.found.get(name, (None, None))
     if hit.explanation is not None:
         shown["explanation"] = hit.explanation.model_dump(mode="json")
+    if hit.group:
+        shown["group"] = [_as_json(member, retrievers) for member in hit.group]
+    if hit.highlights is not None:
+        shown["highlights"] = [vars(found) for found in hit.highlights]
+    if hit.context is not None:
+        shown["context"] = {side: [c.unit_id for c in near] for side, near in zip(("before", "after"), hit.context)}
     return shown
 
 

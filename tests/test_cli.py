@@ -40,6 +40,11 @@ def test_search_prints_a_table_and_json(index_dir, capsys):
     assert [hit["explanation"]["retrievers"]["bm25"]["rank"] for hit in hits] == [1, 2, 3]
     assert main(["search", "statins", "--top-k", "2", "--index-dir", str(index_dir), "--explain"]) == 0
     assert "-> rrf #" in capsys.readouterr().out
+    asked = ["--filters", '{"not": {"document_ids": ["D-statin-0"]}}', "--group-size", "2", "--highlight", "1"]
+    assert main(["search", "statins", "--top-k", "2", "--json", "--index-dir", str(index_dir), *asked]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert len(hits) == 2 and all(h["document_id"] != "D-statin-0" and len(h["highlights"]) == 1 for h in hits)
+    assert all(h["text"][x["start"] : x["end"]] == x["text"] for h in hits for x in h["highlights"])
 
 
 def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
@@ -75,6 +80,8 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["search", "x", "--weights", "bm25=-1"], "--weights.bm25: Input should be greater than or equal to 0"),
         (["search", "x", "--weights", "bm25"], "--weights 'bm25': expected NAME=WEIGHT"),
         (["search", "x", "--weights", "sparse=1"], "fusion.weights.sparse: no such retriever"),
+        (["search", "x", "--neighbors", "9"], "--neighbors: Input should be less than or equal to 5"),
+        (["search", "x", "--filters", '{"year": {"gte": true}}'], "--filters: Value error, filter 'year'"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
         (["serve", "--ray", "--workers", "2"], "not --workers: leave out --workers"),
         (["serve", "--workers", "-1"], "invalid settings: workers: Input should be greater than or equal to 0"),
