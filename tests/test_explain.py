@@ -224,3 +224,19 @@ def test_v1_retrieval_request_takes_the_options(server):
         server["mcp"] + "/v1/messages", json={**message, "payload": {"query": QUERY, "fusion": {"weights": {"x": 1}}}}
     ).json()
     assert bad["type"] == "ERROR_MESSAGE" and "fusion.weights.x" in str(bad["payload"]), bad
+
+
+def test_a_sharded_index_explains_as_the_one_index(index_dir, sharded_index_dir):
+    from engine.search import HybridEngine
+
+    settings = EngineSettings(device="cpu", rerank=False, fusion="rrf")
+    engines = [HybridEngine(settings.model_copy(update={"index_dir": d})) for d in (index_dir, sharded_index_dir)]
+    try:
+        one, sharded = (_asked(engine, 5, explain=True) for engine in engines)
+    finally:
+        for engine in engines:
+            engine.close()
+    assert [h.doc_id for h in one] == [h.doc_id for h in sharded]
+    for a, b in zip(one, sharded, strict=True):
+        ranks = [{n: p.rank for n, p in h.explanation.retrievers.items()} for h in (a, b)]
+        assert ranks[0] == ranks[1] and a.explanation.fusion.rrf_rank == b.explanation.fusion.rrf_rank and a.explanation.final.rank == b.explanation.final.rank
