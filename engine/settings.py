@@ -111,6 +111,12 @@ class EngineSettings(BaseModel):
     max_request_rerank_depth: int | None = Field(
         None, ge=1, description="deepest a request may set the rerank depth (default: the request's own limit, 200)"
     )
+    page_pins: int = Field(
+        256, ge=1, description="rankings pinned at once for their next pages (a request's paginate), the oldest dropped"
+    )
+    page_pin_seconds: float = Field(
+        600.0, gt=0, description="how long a pinned ranking answers its page tokens (after that: 410, search again)"
+    )
     adapted: bool = Field(
         True,
         description="serve what `build --adapt` learned from the documents when its held-out check paid (an index"

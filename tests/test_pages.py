@@ -77,7 +77,7 @@ def test_a_foreign_or_expired_token_is_refused(engine) -> None:
     forged = SearchRequest(query=QUERY, top_k=3, page_token=token[:-2] + "00")
     with pytest.raises(ForeignPageToken, match="page_token"):
         engine.search(QUERY, 3, options=engine.options_for(forged))
-    pins, engine.pins = engine.pins, Pins(kept=1)
+    pins, engine.pins = engine.pins, Pins(kept=1, seconds=600)
     try:
         token = engine.search(QUERY, 3, options=engine.options_for(first)).next_page_token
         engine.search(QUERY, 3, options=engine.options_for(first))  # pins another, dropping the first

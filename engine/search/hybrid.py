@@ -167,7 +167,7 @@ class HybridEngine:
             self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
-        self.pins = Pins()  # rankings pinned for their next pages
+        self.pins = Pins(settings.page_pins, settings.page_pin_seconds)  # rankings pinned for their next pages
 
     def _open_shards(self, writable: bool, encoder, query_encoder) -> list[HybridEngine]:
         """Every shard's engine; those opened are closed again when one cannot open (its writer's lock

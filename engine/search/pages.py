@@ -5,7 +5,7 @@ whatever is written meanwhile (a chunk deleted since is the one thing a later pa
 The token names the pin, the offset of the next page and the request it belongs to (its query,
 filters and controls, not its page size), signed with a key of this process: another process's or
 another query's token is refused (422 naming ``page_token``), one whose pin has been dropped, by
-age or to make room, has expired (410). Pins live in the process that made them: a server of
+age or to make room (settings ``page_pins``, ``page_pin_seconds``), has expired (410). Pins live in the process that made them: a server of
 several workers answers a token in the worker that made it (``serve --workers 1`` for pages).
 """
 
@@ -26,9 +26,6 @@ from engine.errors import INVALID_PARAMS, ServiceError
 if TYPE_CHECKING:
     from engine.search.results import StageResult
 
-KEPT_PINS, PIN_SECONDS = 256, 600.0  # rankings pinned at once, and for how long
-
-
 class ForeignPageToken(ServiceError, ValueError):
     """A page token this server did not make, or made for another query (422)."""
 
@@ -44,7 +41,7 @@ class ExpiredPageToken(ServiceError):
 class Pins:
     """Rankings pinned for their next pages, the oldest dropped past ``kept`` or ``seconds``."""
 
-    def __init__(self, kept: int = KEPT_PINS, seconds: float = PIN_SECONDS) -> None:
+    def __init__(self, kept: int, seconds: float) -> None:
         self.kept, self.seconds = kept, seconds
         self._key = secrets.token_bytes(32)
         self._pins: OrderedDict[str, tuple[float, StageResult]] = OrderedDict()
