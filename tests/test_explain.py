@@ -131,8 +131,21 @@ def test_a_registered_retriever_is_fused_explained_and_controlled(index_dir, sha
         assert "favourite" in engine.stages(QUERY, 5).seconds  # timed as a stage of its own
         with pytest.raises(ValueError, match="new"):
             engine.register("bm25", Favourite([]))
+        engine.settings.retrievers = {"favourite": {"depth": 1, "weight": 3}}  # [engine.retrievers.favourite]
+        part = _asked(engine, 5, explain=True)[0].explanation.retrievers["favourite"]
+        assert (part.depth, part.weight) == (5, 3.0)  # at least top_k candidates, as every retriever
     finally:
         engine.close()
+
+
+def test_a_retrievers_depth_and_weight_are_settings_of_its_name(tmp_path):
+    from serving.settings import Settings
+
+    (tmp_path / "s.toml").write_text("bm25_weight = 2\n[engine.retrievers.favourite]\ndepth = 7\nweight = 0.5\n")
+    engine = Settings.load(tmp_path / "s.toml").engine
+    assert engine.retriever("favourite").depth == 7 and engine.retriever("favourite").weight == 0.5
+    assert engine.retriever("bm25").weight == 2 and engine.retriever("memory").weight == EngineSettings().memory_weight
+    assert engine.retriever("other") == type(engine.retriever("other"))()  # 100 candidates of weight 1
 
 
 def test_a_reranked_hit_explains_the_blend(index_dir, reranker_dir):

@@ -81,6 +81,21 @@ def _top(client: httpx.Client, query: str) -> list[str]:
     return [hit["document_id"] for hit in reply.json()["results"]]
 
 
+def test_both_workers_explain_alike(workers):
+    """A follower explains a hit as the writer does: the same stages, ranks and scores."""
+    asked = {"query": "soy isoflavones", "top_k": 3, "explain": True, "fusion": {"weights": {"dense": 0.5}}}
+    replies = []
+    for role in ("writer", "follower"):
+        client, _ = worker_client(workers["url"], role)
+        try:
+            reply = client.post("/search", json=asked)
+        finally:
+            client.close()
+        assert reply.status_code == 200, reply.text
+        replies.append([(hit["doc_id"], hit["explanation"]) for hit in reply.json()["results"]])
+    assert replies[0] == replies[1] and replies[0][0][1]["retrievers"]["dense"]["weight"] == 0.5
+
+
 def test_both_workers_answer_and_a_write_through_either_is_visible_on_both(workers):
     url = workers["url"]
     answered = {}
