@@ -252,4 +252,5 @@ def test_a_sharded_index_explains_as_the_one_index(index_dir, sharded_index_dir)
     assert [h.doc_id for h in one] == [h.doc_id for h in sharded]
     for a, b in zip(one, sharded, strict=True):
         ranks = [{n: p.rank for n, p in h.explanation.retrievers.items()} for h in (a, b)]
-        assert ranks[0] == ranks[1] and a.explanation.fusion.rrf_rank == b.explanation.fusion.rrf_rank and a.explanation.final.rank == b.explanation.final.rank
+        assert ranks[0] == ranks[1] and a.explanation.fusion.rrf_rank == b.explanation.fusion.rrf_rank
+        assert a.explanation.final.rank == b.explanation.final.rank
