@@ -177,3 +177,36 @@ def test_search_nfcorpus_keeps_todays_filters() -> None:
     assert schema["$defs"]["Filters"]["additionalProperties"] == {"type": ["string", "number", "boolean"]}
     assert "and" not in schema["$defs"]["Filters"]["properties"]
     assert isinstance(SearchRequest.model_validate({"query": "q", "filters": {"source": "x"}}).filters, Filters)
+
+
+def test_a_filter_leaves_chunks_out_of_the_ranking_and_never_reorders_it(index_dir, tmp_path) -> None:
+    """Filtered hits are the unfiltered ranking's chunks that hold the filter, in its order."""
+    import shutil
+
+    from engine.documents import DocumentIn
+    from engine.search import HybridEngine
+    from engine.settings import EngineSettings
+
+    shutil.copytree(index_dir, tmp_path / "live")
+    engine = HybridEngine(EngineSettings(index_dir=tmp_path / "live", device="cpu", rerank=False), writable=True)
+    rng = random.Random(5)
+    try:
+        for i in range(30):
+            chunks = [{"chunk_id": "c", "content": f"vitamin statin soy coffee note {i} " * rng.randint(1, 3)}]
+            meta = {"year": 2000 + i % 25, "source": rng.choice(["x", "y", "z"])}
+            engine.live.upsert(DocumentIn.model_validate({"document_id": f"m{i}", "chunks": chunks, "metadata": meta}))
+        engine.live.refresh()
+        for raw in (
+            {"year": {"gte": 2010}},
+            {"or": [{"source": "x"}, {"year": {"lt": 2005}}]},
+            {"not": {"source": {"in": ["y", "z"]}}},
+            {"document_ids": ["m1", "m2", "m3", "D-soy-0"]},
+        ):
+            filters = SearchFilters.model_validate(raw)
+            allowed = engine.store.matching(filters)
+            for query in ("vitamin statin note", "soy coffee"):
+                hits = [h.doc_id for h in engine.search(query, 10, filters)]
+                ranked = [d for d, _ in engine.stages(query, 10).ranked if d in allowed]
+                assert hits == ranked[:10] or (len(ranked) < 10 and hits[: len(ranked)] == ranked), (raw, query)
+    finally:
+        engine.close()

@@ -520,11 +520,12 @@ class HybridEngine:
 
     def passages(self, hits: Hits, result: StageResult, options: SearchOptions) -> None:
         """What a request asked of each hit's text (its group's too): its best sentences, scored by the
-        index's bi-encoder against the query's vector (:mod:`engine.search.highlights`), and the chunks
-        around it in its section."""
+        index's bi-encoder (the served query encoder) against the query's vector
+        (:mod:`engine.search.highlights`), and the chunks around it in its section."""
         every = [chunk for hit in hits for chunk in (hit, *hit.group)]
         if options.highlight and every:
-            found = highlights(self.dense.encoder, result.query_vector, [h.text for h in every], options.highlight)
+            encoder, texts = self.dense.query_encoder, [h.text for h in every]
+            found = highlights(encoder, result.query_vector, texts, options.highlight)
             for hit, best in zip(every, found, strict=True):
                 hit.highlights = best
         if options.neighbors:

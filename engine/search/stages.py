@@ -23,6 +23,7 @@ from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.lucene import IndexClosedError
 from engine.retrieval.protocol import Query, Ranking, Within
+from engine.search.allowed import Allowed
 from engine.search.results import AS_LOADED, Plan, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.shards.fanout import missing_shards, track_missing
@@ -115,6 +116,8 @@ def _run_stages(
             fused, method = engine.adapted.rerank(rrf, engine.dense.units), "rrf + corpus graph"
         else:
             fused, method = rrf, "rrf"
+        if allowed is not None:
+            fused = _unfiltered_order(engine, asked, depths, weights, rrf_k, fusion, method, allowed, fused)
         depth = max(rerank_depth, top_k)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
         if engine.follower is not None or engine.shards is not None:  # a store ahead of the view, or a
@@ -144,6 +147,39 @@ def _run_stages(
     return StageResult(
         found, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines, plan=plan
     )
+
+
+def _unfiltered_order(
+    engine: HybridEngine,
+    asked: Query,
+    depths: Mapping[str, int],
+    weights: Mapping[str, float],
+    rrf_k: float,
+    fusion,
+    method: str,
+    allowed: Allowed,
+    fused: Ranking,
+) -> Ranking:
+    """A filtered search's candidates in the order the unfiltered search ranks them, so that a filter
+    leaves chunks out of the ranking and never reorders it (ranks within the filter would move RRF's
+    and the learned fusion's scores): the unfiltered fused ranking's allowed chunks first, then those
+    only the search within the filter found (deeper than the unfiltered candidates reach), in its
+    fused order. An allowed chunk of a retriever's unfiltered top ``depth`` is in its filtered top
+    ``depth`` too, so every hit keeps its place in ``found`` and ``rrf``. Timed with fusion."""
+    everything, found = Within(engine.dense.units), {}
+    for name, retriever in engine.retrievers().items():
+        with _retriever(name):
+            found[name] = [] if retriever is None else retriever.retrieve(asked, depths[name], everything)
+    rrf = reciprocal_rank_fusion({name: [d for d, _ in hits] for name, hits in found.items()}, k=rrf_k, weights=weights)
+    if method == "learned":
+        whole = fusion.rank(asked.text, found, rrf)
+    elif method == "rrf + corpus graph":
+        whole = engine.adapted.rerank(rrf, engine.dense.units)
+    else:
+        whole = rrf
+    first = [hit for hit in whole if hit[0] in allowed]
+    kept = {d for d, _ in first}
+    return first + [hit for hit in fused if hit[0] not in kept]
 
 
 def _held(engine: HybridEngine, fused: Ranking, depth: int, chunks: dict[str, Chunk]) -> Ranking:
