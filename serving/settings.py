@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -31,6 +31,19 @@ from index_build.settings import BuildSettings
 
 ENV_PREFIX = "HYBRID_SEARCH_"
 MAX_WORKERS = 256  # a worker's index fits one byte of its A2A task ids (serving/a2a_tasks.py)
+
+
+def _worker_count(value: object) -> int | str:
+    """``--workers``: auto, or a whole number from 0 to :data:`MAX_WORKERS` (one message for both)."""
+    if value == "auto":
+        return value
+    try:
+        count = int(value)  # a TOML or flag's text, or a number
+    except (TypeError, ValueError):
+        raise ValueError(f"workers is auto or a whole number from 0 to {MAX_WORKERS}, not {value!r}") from None
+    if not 0 <= count <= MAX_WORKERS or count != value and not isinstance(value, str):
+        raise ValueError(f"workers is auto or a whole number from 0 to {MAX_WORKERS}, not {value!r}")
+    return count
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("config_file", default=None)  # what Settings.load was given
 
 
@@ -68,7 +81,7 @@ class ServingSettings(BaseModel):
     mcp_url: MaybeStr = Field(None, description="the A2A agent searches through this MCP server, not in-process")
     read_only: bool = Field(False, description="refuse document writes (POST/DELETE /documents, the write tools)")
     build_if_missing: bool = Field(False, description="serve: build the index from --data first if it is absent")
-    workers: Annotated[int, Field(ge=0, le=MAX_WORKERS)] | Literal["auto"] = Field(
+    workers: Annotated[int | Literal["auto"], BeforeValidator(_worker_count)] = Field(
         1,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
         " each gets cores / N threads; auto (or 0) = one for every two cores (8 on 16). Past one, MCP is stateless, rate"
