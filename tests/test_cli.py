@@ -84,7 +84,7 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["search", "x", "--filters", '{"year": {"gte": true}}'], "--filters: Value error, filter 'year'"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
         (["serve", "--ray", "--workers", "2"], "not --workers: leave out --workers"),
-        (["serve", "--workers", "-1"], "invalid settings: workers: Value error, workers is auto or a whole number from 0 to 256, not '-1'"),
+        (["serve", "--workers", "-1"], "workers: Value error, workers is auto or a whole number from 0 to 256, not '-1'"),
         (["train-reranker", "--mine-depth", "4"], "--mine-depth 4 cannot hold a group of 8"),
         (["train-reranker", "--distil-weight", "1.5"], "distil_weight: Input should be less than or equal to 1"),
         (["train-reranker", "--distil-from", "/nonexistent/teacher"], "cannot load reranker '/nonexistent/teacher'"),
