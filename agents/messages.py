@@ -65,6 +65,16 @@ class RetrievedChunk(BaseModel):
     explanation: Explanation | None = Field(
         None, exclude_if=lambda value: value is None, description='only with "explain": true in the request'
     )
+    highlights: list[dict[str, Any]] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description='only with "highlight": its best sentences, {"text", "start", "end", "score"} (in content)',
+    )
+    context: dict[str, list[str]] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description='only with "context": the texts of the chunks "before" and "after" it in its section',
+    )
 
 
 class RetrievalResult(BaseModel):

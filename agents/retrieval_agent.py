@@ -28,6 +28,7 @@ from engine.errors import ServiceError
 from engine.live.writer import NotYetSearchable
 from engine.search import Hit, HybridEngine
 from engine.search.stages import RetrieverFailed
+from engine.store.docstore import Chunk
 
 SearchPort = Callable[[SearchRequest, str], Awaitable[list[Hit]]]  # (request, door) -> hits
 
@@ -80,6 +81,8 @@ class RetrievalAgent:
                 source_document=h.source_document or h.document_id,
                 metadata={**h.metadata, "document_id": h.document_id, "title": h.title},
                 explanation=h.explanation,
+                highlights=None if h.highlights is None else [vars(found) for found in h.highlights],
+                context=None if h.context is None else dict(zip(("before", "after"), _texts(h.context), strict=True)),
             )
             for h in (chunk for hit in hits for chunk in (hit, *hit.group))  # grouped: a document's chunks together
         ]
@@ -112,3 +115,8 @@ class RetrievalAgent:
             embedding_model_sent=document.embedding_model,
             searchable_within_s=0.0 if wait else self.engine.settings.refresh_interval_s,
         )
+
+
+def _texts(context: tuple[list[Chunk], list[Chunk]]) -> list[list[str]]:
+    """A hit's neighbours before and after it, as their texts."""
+    return [[chunk.text for chunk in side] for side in context]

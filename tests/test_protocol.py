@@ -67,6 +67,14 @@ def test_each_message_type_round_trips(protocol):
     assert reply["trace_id"].startswith("ret-") and reply["payload"]["total_results"] == 3
     chunk = reply["payload"]["retrieved_chunks"][0]
     assert set(chunk) == {"chunk_id", "content", "similarity_score", "source_document", "metadata"}
+    asked = {"query": "soy isoflavones", "top_k": 2, "highlight": {"sentences": 1}, "context": {"neighbors": 1}}
+    asked |= {"paginate": True, "filters": {"not": {"document_ids": ["D-soy-0"]}}}
+    paged = _send(protocol, _msg("RETRIEVAL_REQUEST", asked)).json()["payload"]
+    for chunk in paged["retrieved_chunks"]:
+        best = chunk["highlights"]
+        assert [chunk["content"][x["start"] : x["end"]] for x in best] == [x["text"] for x in best] and best
+        assert chunk["context"] == {"before": [], "after": []} and chunk["metadata"]["document_id"] != "D-soy-0"
+    assert paged["next_page_token"]
 
     doc = {
         "document_id": "p1",
