@@ -1,5 +1,6 @@
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from engine.rerank.batching import RerankBatcher, score_rows
@@ -29,8 +30,8 @@ def test_concurrent_queries_share_batches_and_get_their_own_scores(reranker_dir,
         assert batcher.batches < 2 * len(jobs)  # requests were merged
         for mine, ours, reference in zip(together, made, alone, strict=True):
             assert mine == pytest.approx(reference, abs=1e-4) and ours == pytest.approx(reference, abs=1e-4)
-        rows = [(p.rows, p.lengths) for p in (reranker.prepare(q, passages) for q, passages in jobs)]
-        for mine, reference in zip(score_rows(reranker, rows), alone, strict=True):  # a Ray replica's call
+        sent = [(p.rows.wire(), np.array(p.lengths)) for p in (reranker.prepare(q, passages) for q, passages in jobs)]
+        for mine, reference in zip(score_rows(reranker, sent), alone, strict=True):  # a Ray replica's call
             assert mine == pytest.approx(reference, abs=1e-4)
         assert batcher.score("nothing", []) == []
         assert batcher.device == "cpu"  # the wrapped reranker's attributes show through
@@ -63,7 +64,7 @@ def test_a_batch_keeps_to_its_token_budget_and_each_caller_gets_its_own_scores(r
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()]
     jobs = [(f"question {i} about soy", docs[i : i + 4]) for i in range(8)]
     alone = [reranker.score(q, p) for q, p in jobs]
-    budget = max(sum(len(row.ids) for row in reranker.prepare(q, p).rows) for q, p in jobs)
+    budget = max(reranker.prepare(q, p).rows.tokens for q, p in jobs)
     batcher = RerankBatcher(reranker, max_wait_s=0.5, max_tokens=budget)
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -85,7 +86,7 @@ def test_a_pass_padded_up_to_its_compiled_bucket_scores_as_the_pass_itself(reran
 
     reranker = Reranker(reranker_dir, "cpu", max_length=96, runtime="torch")
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()][:5]
-    features = pad_rows(reranker.prepare("soy and prostate cancer", docs).rows, reranker.tokenize.pad_id)
+    features = pad_rows(reranker.prepare("soy and prostate cancer", docs).rows.pairs(), reranker.tokenize.pad_id)
     rows, widths = buckets(32, 96)
     assert rows == [8, 32] and widths == [64, 96]
     grown = pad_to_bucket(features, rows, widths, reranker.tokenize.pad_id)
