@@ -172,3 +172,16 @@ def chat_completions_server(reply: Callable[[dict], str | None]) -> Iterator[tup
         yield f"http://127.0.0.1:{port}/v1", seen, stop
     finally:
         stop()
+
+
+def writable_engine(index_dir: Path, folder: Path):
+    """A CPU engine that writes into its own copy of ``index_dir`` (in ``folder``), no reranker:
+    live documents a test adds reach no other test."""
+    import shutil
+
+    from engine.search import HybridEngine
+    from engine.settings import EngineSettings
+
+    target = folder / "live"
+    shutil.copytree(index_dir, target)
+    return HybridEngine(EngineSettings(index_dir=target, device="cpu", rerank=False), writable=True)

@@ -3,23 +3,17 @@ place in a grouped answer, with its best chunks in the ungrouped order; every do
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from engine.documents import DocumentIn, SearchRequest
-from engine.settings import EngineSettings
+from tests.helpers import writable_engine
 
 PDF = "sorghum harvest yields drought"
 
 
 @pytest.fixture(scope="module")
 def engine(index_dir, tmp_path_factory):
-    from engine.search import HybridEngine
-
-    target = tmp_path_factory.mktemp("groups") / "live"
-    shutil.copytree(index_dir, target)
-    engine = HybridEngine(EngineSettings(index_dir=target, device="cpu", rerank=False), writable=True)
+    engine = writable_engine(index_dir, tmp_path_factory.mktemp("groups"))
     long = [{"chunk_id": f"p{i}", "content": f"{PDF} page {i} of the long report"} for i in range(8)]
     engine.live.upsert(DocumentIn.model_validate({"document_id": "long", "chunks": long}))
     for i in range(3):

@@ -4,24 +4,18 @@ of another query or of no pin is refused (422, 410); grouped answers page by doc
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from engine.documents import DocumentIn, SearchRequest
 from engine.search.pages import ExpiredPageToken, ForeignPageToken, Pins
-from engine.settings import EngineSettings
+from tests.helpers import writable_engine
 
 QUERY = "vitamin D supplements and bone density"
 
 
 @pytest.fixture(scope="module")
 def engine(index_dir, tmp_path_factory):
-    from engine.search import HybridEngine
-
-    target = tmp_path_factory.mktemp("pages") / "live"
-    shutil.copytree(index_dir, target)
-    engine = HybridEngine(EngineSettings(index_dir=target, device="cpu", rerank=False), writable=True)
+    engine = writable_engine(index_dir, tmp_path_factory.mktemp("pages"))
     for i in range(90):  # past 100 chunks in all
         chunks = [{"chunk_id": f"c{j}", "content": f"vitamin note {i} part {j} bone"} for j in range(2)]
         engine.live.upsert(DocumentIn.model_validate({"document_id": f"n{i}", "chunks": chunks}))
