@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from engine.documents import MAX_QUERY_CHARS
 
@@ -25,11 +25,12 @@ Text = Annotated[str, StringConstraints(min_length=1)]
 
 
 class RerankDocument(BaseModel):
-    """A document as an object: ``text``, or the fields ``rank_fields`` names; the rest kept as sent."""
+    """A document as an object: its ``text`` (Cohere requires it), other fields kept as sent and read
+    where ``rank_fields`` names them."""
 
     model_config = ConfigDict(extra="allow")
 
-    text: str | None = None
+    text: str
 
 
 class RerankRequest(BaseModel):
@@ -49,26 +50,17 @@ class RerankRequest(BaseModel):
     model: str | None = Field(None, description="taken and ignored: this server serves one reranker")
     max_chunks_per_doc: int | None = Field(None, ge=1, description="taken and ignored: a document is read up to the window")
 
-    @model_validator(mode="after")
-    def _texts_present(self) -> RerankRequest:
-        for i, document in enumerate(self.documents):
-            if isinstance(document, RerankDocument):
-                missing = [f for f in self.rank_fields or ["text"] if not isinstance(_field(document, f), str)]
-                if missing:
-                    raise ValueError(f"documents[{i}] has no text field {missing[0]!r}")
-        return self
-
     def texts(self) -> list[str]:
-        """What the reranker reads of each document."""
-        fields = self.rank_fields or ["text"]
-        return [
-            d if isinstance(d, str) else "\n".join(f"{f}: {_field(d, f)}" if self.rank_fields else _field(d, f) for f in fields)
-            for d in self.documents
-        ]
+        """What the reranker reads of each document: its text, or the ``rank_fields`` it has, in
+        that order, each as ``name: value`` (a field a document lacks is left out)."""
+        if not self.rank_fields:
+            return [d if isinstance(d, str) else d.text for d in self.documents]
+        return [d if isinstance(d, str) else _ranked(d, self.rank_fields) for d in self.documents]
 
 
-def _field(document: RerankDocument, name: str) -> object:
-    return document.text if name == "text" else (document.model_extra or {}).get(name)
+def _ranked(document: RerankDocument, fields: list[str]) -> str:
+    values = {"text": document.text, **(document.model_extra or {})}
+    return "\n".join(f"{name}: {values[name]}" for name in fields if values.get(name) is not None)
 
 
 class RerankResult(BaseModel):

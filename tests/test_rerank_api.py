@@ -69,7 +69,7 @@ def test_objects_keep_their_fields_and_rank_fields_choose_what_is_read(reranking
         ({"query": QUERY, "documents": []}, "documents"),
         ({"query": "", "documents": DOCUMENTS}, "query"),
         ({"query": QUERY, "documents": DOCUMENTS, "top_n": 0}, "top_n"),
-        ({"query": QUERY, "documents": [{"title": "no text"}]}, "text"),
+        ({"query": QUERY, "documents": [{"title": "no text"}]}, "documents.0"),
         ({"query": QUERY, "documents": DOCUMENTS, "topn": 2}, "topn"),
     ],
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 TRANSFER_BYTES = 64 * MIB  # the working tree that travels with one command, carried parts included
-TREE_ALLOWANCE = 16 * MIB  # the project's tracked files (14.3 MiB when measured) travel every time
+TREE_ALLOWANCE = 17 * MIB  # the project's tracked files (16.0 MiB on 2026-11-28) travel every time
 PART_BYTES = TRANSFER_BYTES - TREE_ALLOWANCE - 1 * MIB
 COMMAND_CHARS = 2000  # one command line
 COMMAND_SECONDS = 600  # one command's run

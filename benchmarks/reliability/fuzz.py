@@ -88,7 +88,13 @@ RICHER_THAN_SCHEMA = {
     # of keywords / pattern / patterns; a schema-valid body may still get a 422 naming the rule
     "POST /documents",
     "POST /api/a2a/purple-agent",
+    # a page_token must be one this server made for this query (any string is schema-valid), and a
+    # filter on a key some document holds in a shape filters cannot read is a 422 naming the key
+    "POST /search",
 }
+# the fuzzed app serves no reranker: a schema-valid body is a 503 that says so, and what is fuzzed
+# here is the request's validation (its 422s)
+WITHOUT_A_MODEL = {"POST /v1/rerank", "POST /v2/rerank"}
 
 
 def fuzz_rest(app, cases: int, at: int, headers: dict | None = None) -> dict:
@@ -96,6 +102,7 @@ def fuzz_rest(app, cases: int, at: int, headers: dict | None = None) -> dict:
     no 5xx, every reply as documented (status, content type, schema), auth enforced where declared."""
     import schemathesis
     from schemathesis import GenerationMode
+    from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
@@ -103,6 +110,7 @@ def fuzz_rest(app, cases: int, at: int, headers: dict | None = None) -> dict:
     for result in schema.get_all_operations():
         operation = result.ok()
         excluded = [positive_data_acceptance] if operation.label in RICHER_THAN_SCHEMA else []
+        excluded += [not_a_server_error] if operation.label in WITHOUT_A_MODEL else []
         strategy = operation.as_strategy(generation_mode=GenerationMode.POSITIVE) | operation.as_strategy(
             generation_mode=GenerationMode.NEGATIVE
         )
