@@ -494,7 +494,8 @@ def test_a_follower_shows_each_published_write_from_the_log_not_a_rewritten_inde
         assert follower.search("quokka marsupial diet", 1)[0].document_id == "f1"  # acknowledged: shown at once
         writer.live.upsert(DocumentIn.model_validate(_doc("f1", "wombat burrow digging")), wait=True)
         assert follower.search("wombat burrow digging", 1)[0].document_id == "f1"
-        assert all(h.document_id != "f1" for h in follower.search("quokka marsupial diet", 5))  # replaced whole
+        # replaced whole: no chunk of the old text is left (f1's new chunks may still rank in a 34-chunk corpus)
+        assert all("quokka" not in h.text for h in follower.search("quokka marsupial diet", 5))
         assert sorted(live_dir.glob("dense*.faiss")) == dense_files  # no dense index written for them
         assert follower.follower.status()["applied_from_log"] == 2
 
