@@ -82,11 +82,10 @@ def test_a_pass_padded_up_to_its_compiled_bucket_scores_as_the_pass_itself(reran
     import torch
 
     from engine.rerank.compiled import buckets, pad_to_bucket
-    from engine.rerank.pair_tokens import pad_rows
 
     reranker = Reranker(reranker_dir, "cpu", max_length=96, runtime="torch")
     docs = [d.contents for d in load_dataset(beir_dir).corpus.values()][:5]
-    features = pad_rows(reranker.prepare("soy and prostate cancer", docs).rows.pairs(), reranker.tokenize.pad_id)
+    features = reranker.prepare("soy and prostate cancer", docs).rows.features(reranker.tokenize.pad_id)
     rows, widths = buckets(32, 96)
     assert rows == [8, 32] and widths == [64, 96]
     grown = pad_to_bucket(features, rows, widths, reranker.tokenize.pad_id)

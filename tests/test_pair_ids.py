@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from engine.rerank.cross_encoder import CARD_FILE
-from engine.rerank.pair_tokens import pad_rows
 from engine.search import HybridEngine
 from engine.search.stages import passages
 from engine.settings import EngineSettings
@@ -71,7 +70,7 @@ def _compare(engine: HybridEngine, queries=QUERIES) -> dict[str, set[str]]:
     left = {}
     for query in queries:
         texts, tokens = passages(engine, query, doc_ids, reranker.memory_context, None, None, None, inputs)
-        ours = pad_rows(reranker.prepare(query, texts, tokens).rows.pairs(), reranker.tokenize.pad_id)
+        ours = reranker.prepare(query, texts, tokens).rows.features(reranker.tokenize.pad_id)
         today = reranker.tokenize([(query, text[:cut]) for text in texts])
         for name in ("input_ids", "attention_mask", "token_type_ids"):
             assert np.array_equal(ours[name], today[name]), (query, name)

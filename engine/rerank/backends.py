@@ -12,7 +12,6 @@ import numpy as np
 
 from engine.rerank.cuda_passes import CudaPasses
 from engine.rerank.onnx import OnnxCrossEncoder
-from engine.rerank.pair_tokens import pad_rows
 from engine.rerank.plan import RerankPlan
 from engine.rerank.token_rows import TokenRows
 
@@ -32,10 +31,9 @@ class OnnxBackend:
         return lambda: logits
 
     def logits(self, rows: TokenRows, lengths: list[int]) -> np.ndarray:
-        pairs = rows.pairs()
-        logits = np.empty(len(pairs), dtype=np.float32)
+        logits = np.empty(len(rows), dtype=np.float32)
         for batch in batches(lengths, self.batch_size):
-            logits[batch] = self.onnx.run(pad_rows([pairs[i] for i in batch], self.pad_id))
+            logits[batch] = self.onnx.run(rows.take(np.asarray(batch)).features(self.pad_id))
         return logits
 
 
@@ -124,11 +122,10 @@ class TorchBackend:
         import torch
 
         device = next(self.model.parameters()).device
-        pairs = rows.pairs()
-        logits = np.empty(len(pairs), dtype=np.float32)
+        logits = np.empty(len(rows), dtype=np.float32)
         with torch.inference_mode():
             for part in batches(lengths, self.batch_size):
-                features = pad_rows([pairs[i] for i in part], self.pad_id)
+                features = rows.take(np.asarray(part)).features(self.pad_id)
                 if self.compiled is not None:
                     try:
                         logits[part] = self.compiled(features)

@@ -66,17 +66,21 @@ class TokenRows:
     def tokens(self) -> int:
         return len(self.ids)
 
-    def pairs(self) -> list[PairRow]:
-        """The rows as :class:`PairRow` (what the split passes and ONNX Runtime take)."""
-        ends = np.cumsum(self.lengths)
-        ids = np.split(self.ids.astype(np.int64), ends[:-1])
-        return [PairRow(row, (np.arange(len(row)) >= q).astype(np.int64)) for row, q in zip(ids, self.query_lengths)]
-
     def take(self, order: np.ndarray) -> TokenRows:
         """The rows at ``order``, in that order."""
         starts, lengths = _starts(self.lengths)[order], self.lengths[order]
         positions = np.repeat(starts - _starts(lengths), lengths) + np.arange(int(lengths.sum()))
         return TokenRows(self.ids[positions], lengths, self.query_lengths[order])
+
+    def features(self, pad_id: int) -> dict[str, np.ndarray]:
+        """``input_ids``, ``attention_mask`` and ``token_type_ids`` padded to the longest row, in one
+        vectorised step (what :func:`~engine.rerank.pair_tokens.pad_rows` makes of the same rows)."""
+        positions = np.arange(int(self.lengths.max()))
+        mask = positions < self.lengths[:, None]
+        ids = np.full(mask.shape, pad_id, dtype=np.int64)
+        ids[mask] = self.ids
+        types = (positions >= self.query_lengths[:, None]) & mask
+        return {"input_ids": ids, "attention_mask": mask.astype(np.int64), "token_type_ids": types.astype(np.int64)}
 
     def padded(self, into: np.ndarray, pad_id: int) -> None:
         """The rows written into the first rows of ``into`` (rows x width), padded with ``pad_id``."""
