@@ -45,7 +45,7 @@ M = typing.TypeVar("M", bound=BaseModel)
 # what each kind of command takes, by part (every field) or by name
 WHERE = ("index_dir", "device")
 LIVE = ("encode_batch_size", "refresh_interval_s", "checkpoint_bytes")
-SET_BY_SERVE = ("followed",)  # a process's part in a served whole, not the user's to choose
+SET_BY_SERVE = ("followed", "page_pins_file")  # a process's part in a served whole, not the user's to choose
 TABLES = ("retrievers",)  # a table by name: given in TOML or the environment, not as a flag
 SEARCH = tuple(n for n in PARTS["engine"].model_fields if n not in LIVE + SET_BY_SERVE + TABLES)
 

@@ -117,6 +117,11 @@ class EngineSettings(BaseModel):
     page_pin_seconds: float = Field(
         600.0, gt=0, description="how long a pinned ranking answers its page tokens (after that: 410, search again)"
     )
+    page_pins_file: Path | None = Field(
+        None,
+        description="the SQLite file holding pinned rankings and their key, shared by the workers of one server"
+        " (set by serve --workers; none: in this process's memory)",
+    )
     adapted: bool = Field(
         True,
         description="serve what `build --adapt` learned from the documents when its held-out check paid (an index"

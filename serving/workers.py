@@ -107,6 +107,7 @@ def run_workers(
         )
         with tempfile.TemporaryDirectory(prefix="hybrid-search-") as folder:  # mode 0700: this user's only
             channel = Channel(Path(folder), secrets.token_bytes(KEY_BYTES))
+            settings = settings.with_values(page_pins_file=Path(folder) / "pages.sqlite")  # any worker reads a page
             _Supervisor(settings, Doors(mcp, a2a, mcp_url), writable, channel, where).run()
     finally:
         for sock in held.values():

@@ -46,7 +46,9 @@ def workers(index_dir, tmp_path_factory):
     shutil.copytree(index_dir, index)
     port, a2a_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    args = serve_args(index, port, "--workers", "2", "--query-timeout", "20", "--mcp-writes", a2a_port=a2a_port)
+    args = serve_args(
+        index, port, "--workers", "2", "--query-timeout", "20", "--mcp-writes", "--page-pins", "4", a2a_port=a2a_port
+    )
     proc = start_server(args, f"{url}/health", folder / "log")
     wait_until_up(f"http://127.0.0.1:{a2a_port}/")
     workers_up(url)
@@ -190,6 +192,42 @@ def test_an_a2a_task_is_found_from_either_worker(workers):
             found = httpx.post(workers["a2a"] + "/", json=request, timeout=30).json()
             assert found["result"]["id"] == task.id, found
             assert found["result"]["artifacts"][0]["parts"][0]["data"]["doc_ids"][0].startswith("D-soy"), found
+
+
+def test_pages_hold_whichever_worker_answers_with_writes_between(workers):
+    """Pages 1-5 of size 10, answered by the writer and the follower in turn with a document written
+    between pages (one that ranks first), are the one top-50 list: the pin and its key are the
+    server's (one SQLite file), not the worker's. A forged token is a 422 on either worker; pins
+    made on one worker push another's out (--page-pins 4), which is then a 410 on the other."""
+    writer, _ = worker_client(workers["url"], "writer")
+    follower, _ = worker_client(workers["url"], "follower")
+    chunks = [{"chunk_id": f"p{i}", "content": f"kelp iodine note {i} seaweed thyroid"} for i in range(40)]
+    notes = {"document_id": "kelp-notes", "chunks": chunks}  # the tiny index holds 34 chunks: 50 need more
+    assert writer.post("/documents?refresh=wait_for", json=notes).status_code == 201
+    asked = {"query": "kelp iodine thyroid", "retrievers": {"bm25": {"depth": 100}, "dense": {"depth": 100}}}
+    whole = [hit["doc_id"] for hit in writer.post("/search", json={**asked, "top_k": 50}).json()["results"]]
+    pages, token = [], None
+    for page in range(5):
+        client = (writer, follower)[page % 2]
+        reply = client.post("/search", json={**asked, "top_k": 10, "paginate": True, "page_token": token})
+        assert reply.status_code == 200, reply.text
+        pages += [hit["doc_id"] for hit in reply.json()["results"]]
+        token = reply.json()["next_page_token"]
+        written = writer.post("/documents?refresh=wait_for", json=_doc(f"kelp-{page}", "kelp iodine thyroid kelp"))
+        assert written.status_code == 201, written.text
+    assert pages == whole and len(set(pages)) == 50  # no duplicate, no gap
+    assert _top(follower, "kelp iodine thyroid")[0].startswith("kelp-")  # the writes did land
+
+    forged = follower.post("/search", json={**asked, "page_token": token[:-1] + "01"[token.endswith("0")]})
+    assert forged.status_code == 422 and forged.json()["error"].startswith("page_token"), forged.text
+    for _ in range(4):  # the follower's pins push out the one the pages above kept
+        assert follower.post("/search", json={**asked, "top_k": 1, "paginate": True}).status_code == 200
+    expired = writer.post("/search", json={**asked, "page_token": token})
+    assert expired.status_code == 410 and "expired" in expired.json()["error"], expired.text
+    for document in ["kelp-notes", *(f"kelp-{page}" for page in range(5))]:
+        assert writer.delete(f"/documents/{document}?refresh=wait_for").status_code == 200
+    writer.close()
+    follower.close()
 
 
 @pytest.mark.slow

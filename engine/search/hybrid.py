@@ -167,7 +167,7 @@ class HybridEngine:
             self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
-        self.pins = Pins(settings.page_pins, settings.page_pin_seconds)  # rankings pinned for their next pages
+        self.pins = Pins(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)  # rankings, for pages
 
     def _open_shards(self, writable: bool, encoder, query_encoder) -> list[HybridEngine]:
         """Every shard's engine; those opened are closed again when one cannot open (its writer's lock
@@ -444,14 +444,15 @@ class HybridEngine:
         with telemetry.search_span(door, query, top_k, filtered=filters is not None) as span:
             if options.page_token is not None:  # a later page: read off the ranking its token pinned
                 pin, offset, result = self.pins.page(options.page_token, options.fingerprint)
+                result.fusion = self.fusion_for(options)
             else:
                 result = self.stages(query, top_k, filters=filters, options=options)
                 for observe in self.stage_observers:
                     observe(result.seconds)
-                pin, offset = (self.pins.pin(result) if options.paginate else None), 0
+                pin, offset = None, 0
             hits = self.hits(result, top_k, similarity_threshold, options.explain, options.group_size, offset)
-            if pin is not None and hits.more:
-                hits.next_page_token = self.pins.token(pin, offset + top_k, options.fingerprint)
+            if options.paginate and hits.more:  # pinned with what this page read
+                hits.next_page_token = self.pins.keep(pin, result, offset + top_k, options.fingerprint)
             self.passages(hits, result, options)
             span.set_attribute("search.hits", len(hits))
         return hits

@@ -1,30 +1,49 @@
-"""Stable pages: a search's whole ranking pinned in memory under a token, so that its next pages
-are read off the same ranking, concatenating to one longer list with no duplicate and no gap,
-whatever is written meanwhile (a chunk deleted since is the one thing a later page leaves out).
+"""Stable pages: a search's whole ranking pinned under a token, so that its next pages are read off
+the same ranking, concatenating to one longer list with no duplicate and no gap, whatever is
+written meanwhile (a chunk deleted since is the one thing a later page leaves out).
 
 The token names the pin, the offset of the next page and the request it belongs to (its query,
-filters and controls, not its page size), signed with a key of this process: another process's or
-another query's token is refused (422 naming ``page_token``), one whose pin has been dropped, by
-age or to make room (settings ``page_pins``, ``page_pin_seconds``), has expired (410). Pins live in the process that made them: a server of
-several workers answers a token in the worker that made it (``serve --workers 1`` for pages).
+filters and controls, not its page size), signed with the pins' key: another server's or another
+query's token is refused (422 naming ``page_token``), one whose pin has been dropped, by age or to
+make room (settings ``page_pins``, ``page_pin_seconds``), has expired (410).
+
+Pins and key live in one SQLite database: in this process's memory, or in the file
+``page_pins_file`` that ``serve --workers N`` puts in its private folder (mode 0700, as the
+workers' channel), so that any worker answers a page another pinned. The first worker to open it
+makes the key; a ranking is kept pickled (what the workers' channel sends, in a folder only this
+user can write), stored again after each page so that the chunks a page read stay the ones the
+next reads, without its learned fusion, which the engine gives back (the same model in every
+worker) and which would cost a pickled LightGBM booster a pin.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
+import pickle
 import secrets
+import sqlite3
 import threading
 import time
-from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import INVALID_PARAMS, ServiceError
 
 if TYPE_CHECKING:
     from engine.search.results import StageResult
+
+BUSY_MS = 5000  # a sibling worker's write holds the file this long at most
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pins (
+    seq INTEGER PRIMARY KEY, pin TEXT UNIQUE NOT NULL, made REAL NOT NULL, result BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS signing (one INTEGER PRIMARY KEY CHECK (one = 1), key BLOB NOT NULL);
+"""
+
 
 class ForeignPageToken(ServiceError, ValueError):
     """A page token this server did not make, or made for another query (422)."""
@@ -39,44 +58,61 @@ class ExpiredPageToken(ServiceError):
 
 
 class Pins:
-    """Rankings pinned for their next pages, the oldest dropped past ``kept`` or ``seconds``."""
+    """Rankings pinned for their next pages, the oldest dropped past ``kept`` or ``seconds``; in
+    ``path`` (shared by the processes that open it) or, without one, in this process's memory."""
 
-    def __init__(self, kept: int, seconds: float) -> None:
+    def __init__(self, kept: int, seconds: float, path: Path | None = None) -> None:
         self.kept, self.seconds = kept, seconds
-        self._key = secrets.token_bytes(32)
-        self._pins: OrderedDict[str, tuple[float, StageResult]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def pin(self, result: StageResult) -> str:
-        """A new pin's id for ``result``."""
-        pin = secrets.token_urlsafe(12)
+        self._conn = sqlite3.connect(
+            ":memory:" if path is None else path, isolation_level=None, check_same_thread=False, timeout=BUSY_MS / 1000
+        )
+        self._lock = threading.Lock()  # one connection, many threads
         with self._lock:
-            self._pins[pin] = (time.monotonic(), result)
-            while len(self._pins) > self.kept:
-                self._pins.popitem(last=False)
-        return pin
+            if path is not None:
+                self._conn.execute("PRAGMA journal_mode=WAL")  # a reader waits for no writer
+                self._conn.execute("PRAGMA synchronous=OFF")  # pins outlive no server: nothing to keep on a crash
+            self._conn.executescript(_SCHEMA)
+            self._conn.execute("INSERT OR IGNORE INTO signing VALUES (1, ?)", (secrets.token_bytes(32),))
+            self._key = self._conn.execute("SELECT key FROM signing").fetchone()[0]
 
-    def token(self, pin: str, offset: int, request: str) -> str:
-        """The token of the page at ``offset`` of ``pin``'s ranking, for ``request`` (its fingerprint)."""
+    def keep(self, pin: str | None, result: StageResult, offset: int, request: str) -> str:
+        """The token of the page at ``offset`` of ``result``'s ranking for ``request`` (its
+        fingerprint): ``result`` pinned anew (``pin`` None) or kept again under ``pin``, its age kept."""
+        blob = pickle.dumps(dataclasses.replace(result, fusion=None), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            if pin is not None:
+                self._conn.execute("UPDATE pins SET result = ? WHERE pin = ?", (blob, pin))
+            else:
+                pin = secrets.token_urlsafe(12)
+                self._conn.execute("BEGIN IMMEDIATE")  # the oldest dropped while no sibling pins
+                with self._conn:  # committed, or rolled back on an error
+                    self._conn.execute("DELETE FROM pins WHERE made < ?", (time.time() - self.seconds,))
+                    self._conn.execute(
+                        "INSERT INTO pins (pin, made, result) VALUES (?, ?, ?)", (pin, time.time(), blob)
+                    )
+                    self._conn.execute(
+                        "DELETE FROM pins WHERE seq NOT IN (SELECT seq FROM pins ORDER BY seq DESC LIMIT ?)",
+                        (self.kept,),
+                    )
         body = base64.urlsafe_b64encode(json.dumps([pin, offset, request]).encode()).decode().rstrip("=")
         return f"{body}.{self._signature(body)}"
 
     def page(self, token: str, request: str) -> tuple[str, int, StageResult]:
-        """``token``'s pin, offset and ranking; :class:`ForeignPageToken`, :class:`ExpiredPageToken`."""
+        """``token``'s pin, offset and ranking (its ``fusion`` None: the caller's to give back);
+        :class:`ForeignPageToken`, :class:`ExpiredPageToken`."""
         body, _, signature = token.partition(".")
-        if not hmac.compare_digest(signature, self._signature(body)):
+        if not hmac.compare_digest(signature.encode(), self._signature(body).encode()):
             raise ForeignPageToken("page_token: not a token this server made (send the one a reply carried)")
         pin, offset, made_for = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         if made_for != request:
             raise ForeignPageToken("page_token: made for another query, filters or controls (send the same ones)")
         with self._lock:
-            found = self._pins.get(pin)
-            if found is not None and time.monotonic() - found[0] > self.seconds:
-                del self._pins[pin]
-                found = None
+            found = self._conn.execute(
+                "SELECT result FROM pins WHERE pin = ? AND made >= ?", (pin, time.time() - self.seconds)
+            ).fetchone()
         if found is None:
             raise ExpiredPageToken(f"page_token: expired (pinned {self.seconds:g} s at most); search again")
-        return pin, offset, found[1]
+        return pin, offset, pickle.loads(found[0])
 
     def _signature(self, body: str) -> str:
         return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()[:32]
