@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -75,12 +75,27 @@ class ServingSettings(BaseModel):
     )
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest HTTP request body (more gets 413)")
     max_message_bytes: int = Field(256 << 10, ge=1024, description="largest /v1 message body except ingestion")
+    snapshots_dir: MaybePath = Field(
+        None,
+        description="folder POST /snapshots takes snapshots into (default: <index-dir>.snapshots beside the index;"
+        " on its filesystem, files that never change are linked, not copied)",
+    )
     mcp_writes: bool = Field(False, description="offer the MCP tools that add and delete documents")
     mcp: bool = Field(True, description="the MCP endpoint (/mcp); off: REST and /health still answer on --mcp-port")
     a2a: bool = Field(True, description="the A2A agent on --a2a-port; off: only MCP + REST")
     mcp_url: MaybeStr = Field(None, description="the A2A agent searches through this MCP server, not in-process")
     read_only: bool = Field(False, description="refuse document writes (POST/DELETE /documents, the write tools)")
     build_if_missing: bool = Field(False, description="serve: build the index from --data first if it is absent")
+    indexes: MaybePath = Field(
+        None,
+        description="serve every index folder in this directory as a collection named by its folder, beside"
+        " --index-dir's one index (which this replaces); aliases are kept in DIR/aliases.json (docs/collections.md)",
+    )
+    default_collection: MaybeStr = Field(
+        None,
+        description="with --indexes: the collection or alias that today's routes and search_nfcorpus serve"
+        " (default: the alias 'default' when there is one, else the only collection)",
+    )
     workers: Annotated[int | Literal["auto"], BeforeValidator(_worker_count)] = Field(
         1,
         description="processes serving the index on the same ports: one writes, the others follow its checkpoints;"
@@ -281,6 +296,18 @@ class Settings(BaseSettings):
     scale_out: ScaleOutSettings = Field(
         default_factory=ScaleOutSettings, description="scale-out settings: Ray (pip install 'hybrid-search[ray]')"
     )
+
+    @model_validator(mode="after")
+    def _collections_in_one_process(self) -> Settings:
+        """Collections (``--indexes``) are served by one process: their registry, aliases and build
+        jobs live in it, so ``--workers N`` and ``--ray`` are refused, naming what to use instead."""
+        if self.serving.indexes is not None and (self.scale_out.ray or self.serving.workers != 1):
+            flag = "--ray" if self.scale_out.ray else f"--workers {self.serving.workers}"
+            raise ValueError(
+                f"--indexes serves its collections in one process, not with {flag}: leave out {flag} (or serve one"
+                " index with it: --index-dir DIR/NAME)"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(
