@@ -74,36 +74,70 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ValueError("--ray serves through Ray Serve's proxy, which has no TLS here: terminate TLS in front of it")
     if ray and s.workers != 1:
         raise ValueError("--ray scales with --search-replicas, not --workers: leave out --workers")
+    # every check of the arguments and the index that can fail runs before the ports are probed: a
+    # mistake is named as itself, not as a port some other server holds
+    on_ray = ray_app() if ray else None  # Ray not installed: say how to get it
+    _check_doors(settings)
     doors = {"mcp": s.mcp, "a2a": s.a2a, "mcp_url": s.mcp_url}
     ports = {"mcp": s.mcp_port} if ray else door_ports(settings, **doors)  # Ray: one port
-    check_ports(ports, s.host)
-    if s.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file():
+    engine = "mcp" in ports  # not an A2A door searching through another server's --mcp-url
+    if s.indexes is not None:  # collections: each folder of DIR is checked as it opens
+        if not Path(s.indexes).is_dir():
+            raise ValueError(f"--indexes {s.indexes}: not a directory (make it; `init --index-dir DIR/NAME` adds one)")
+        engine = False
+    build = s.build_if_missing and not (Path(settings.engine.index_dir) / MANIFEST_FILE).is_file()
+    if engine and not build:
+        _check_index(settings)
+    check_ports(ports, s.host)  # before a build or an engine's load (minutes)
+    if build:
         from cli.index import build_from
 
         # here, not on Ray; serve's --llm-url is for answers: the build asks it for no pseudo-queries
         build_from(settings.with_values(llm_url=None, ray=False))
-    if ray:
-        ray_app().run_on_ray(settings, writable=not s.read_only)
+        if engine:
+            _check_index(settings)
+    if on_ray is not None:
+        on_ray.run_on_ray(settings, writable=not s.read_only)
         return 0
     doors["writable"] = not s.read_only
     if settings.serving.worker_count() > 1:
-        from engine.store.index_dir import IndexDirError, read_manifest
         from serving.workers import run_workers
-
-        try:
-            shards = read_manifest(settings.engine.index_dir).shards
-        except IndexDirError:  # a worker says what is wrong with it, as for one process
-            shards = 0
-        if shards:
-            raise ValueError(
-                f"{settings.engine.index_dir} is in {shards} shards: serve it in one process (--workers 1) or on Ray"
-                " (--ray), not with --workers"
-            )
 
         run_workers(settings, **doors)
     else:
         run_servers(settings, **doors)
     return 0
+
+
+def _check_doors(settings: Settings) -> None:
+    """What the doors read at start, read now: the TLS files, the agent keys (a bad file or rate, or
+    none with --key-all-doors)."""
+    from serving.protocol_routes import load_keys
+    from serving.tls import tls_options
+
+    tls_options(settings)
+    keys = load_keys(settings.security.agent_keys, settings.security.agent_rate)
+    if settings.security.key_all_doors and not keys:
+        raise ValueError("--key-all-doors needs --agent-keys with at least one key")
+
+
+def _check_index(settings: Settings) -> None:
+    """The index can be served as asked: it is there (one process and Ray; each of ``--workers N``
+    says itself what is wrong with it), and in one shard unless served in one process or on Ray."""
+    from engine.store.index_dir import IndexDirError, read_manifest
+
+    workers = settings.serving.worker_count() > 1 and not settings.scale_out.ray
+    try:
+        shards = read_manifest(settings.engine.index_dir).shards
+    except IndexDirError:
+        if workers:  # a worker says what is wrong with it, as for one process
+            return
+        raise
+    if workers and shards:
+        raise ValueError(
+            f"{settings.engine.index_dir} is in {shards} shards: serve it in one process (--workers 1) or on Ray"
+            " (--ray), not with --workers"
+        )
 
 
 def mcp_stdio(settings: Settings, args: argparse.Namespace) -> int:

@@ -84,7 +84,10 @@ def test_evaluate_reports_every_stage(index_dir, beir_dir, tmp_path, capsys):
         (["search", "x", "--filters", '{"year": {"gte": true}}'], "--filters: Value error, filter 'year'"),
         (["serve", "--no-mcp", "--no-a2a"], "leave nothing to serve"),
         (["serve", "--ray", "--workers", "2"], "not --workers: leave out --workers"),
-        (["serve", "--workers", "-1"], "workers: Value error, workers is auto or a whole number from 0 to 256, not '-1'"),
+        (
+            ["serve", "--workers", "-1"],
+            "workers: Value error, workers is auto or a whole number from 0 to 256, not '-1'",
+        ),
         (["train-reranker", "--mine-depth", "4"], "--mine-depth 4 cannot hold a group of 8"),
         (["train-reranker", "--distil-weight", "1.5"], "distil_weight: Input should be less than or equal to 1"),
         (["train-reranker", "--distil-from", "/nonexistent/teacher"], "cannot load reranker '/nonexistent/teacher'"),
@@ -117,6 +120,45 @@ def test_a_taken_port_is_a_clear_cli_error_before_the_index_is_built(door, capsy
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and f"--{door}-port" in err and "Traceback" not in err
     assert not (tmp_path / "idx").exists()  # refused before the build
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--index-dir", "{missing}"], "no index directory here"),
+        (["--index-dir", "{sharded}", "--workers", "2"], "not with --workers"),
+        (["--index-dir", "{index}", "--key-all-doors"], "--key-all-doors needs --agent-keys"),
+        (["--index-dir", "{index}", "--agent-keys", "{missing}"], "agent keys"),
+        (["--index-dir", "{index}", "--tls-cert", "{missing}"], "--tls-cert and --tls-key go together"),
+        (["--index-dir", "{index}", "--ray"], None),
+    ],
+    ids=["missing-index", "sharded-workers", "no-keys", "bad-keys", "tls", "ray"],
+)
+def test_a_bad_argument_is_named_before_a_taken_port(
+    extra, message, capsys, monkeypatch, tmp_path, index_dir, sharded_index_dir
+):
+    """``serve``'s checks of its arguments and index run before it probes its ports: with both ports
+    held by another server (as the README's ``serve`` holds 8000 and 9010), the mistake is named."""
+    import socket
+    import sys
+
+    import serving
+
+    paths = {"missing": tmp_path / "missing", "sharded": sharded_index_dir, "index": index_dir}
+    argv = ["serve", "--device", "cpu"] + [a.format(**{k: str(v) for k, v in paths.items()}) for a in extra]
+    if message is None:  # --ray without Ray installed: how to get it
+        monkeypatch.setitem(sys.modules, "ray", None)
+        monkeypatch.delitem(sys.modules, "serving.ray_app", raising=False)
+        monkeypatch.delattr(serving, "ray_app", raising=False)  # imported by an earlier test
+        message = "pip install 'hybrid-search[ray]'"
+    with socket.socket() as mcp, socket.socket() as a2a:
+        for taken in (mcp, a2a):
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+        ports = ["--mcp-port", str(mcp.getsockname()[1]), "--a2a-port", str(a2a.getsockname()[1])]
+        assert main(argv + ports) == 2
+    err = capsys.readouterr().err
+    assert message in err and "cannot listen" not in err and "Traceback" not in err, err
 
 
 def test_settings_layering(tmp_path, monkeypatch, index_dir):
