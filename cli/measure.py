@@ -42,6 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="rerank depths, engine only; 0 = none (default 0,10,20,50,100,200 on CUDA, 0,10,20,30 on CPU)",
     )
     p.add_argument("--concurrency", default="1,8", help="concurrent clients to sweep, e.g. 1,8,32,64,128 (default 1,8)")
+    p.add_argument(
+        "--body",
+        action="append",
+        metavar="NAME=JSON",
+        help="rest only, repeatable: also send each query with these fields added, timed apart under the same"
+        """ load, e.g. highlight='{"highlight": {"sentences": 2}}' (the plain body is "none")""",
+    )
     p.add_argument("--name", help="result file name (default: the target)")
     p.add_argument("--output", type=Path, help="results folder (default <index-dir>/reports/<machine>)")
     add_settings(p, ["data_dir", *SEARCH])
@@ -137,13 +144,29 @@ def bench(settings: Settings, args: argparse.Namespace) -> int:
     else:
         if not args.url:
             raise ValueError(f"--url is required to benchmark the {args.target} front door")
-        report = bench_http(args.target, args.url, queries, concurrency)
+        bodies = _bodies(args.body) if args.body else None
+        report = bench_http(args.target, args.url, queries, concurrency, bodies=bodies)
         run["url"] = args.url
     out = args.output or Path(engine_settings.index_dir) / REPORTS_DIR / machine_name()
     path = save(report, args.name or args.target, out, run)
     console.print_json(json.dumps(report))
     console.print(f"saved {path} and its plot")
     return 0
+
+
+def _bodies(given: list[str]) -> dict[str, dict]:
+    """``--body NAME=JSON`` values, after the plain body ("none"), by name."""
+    bodies: dict[str, dict] = {"none": {}}
+    for value in given:
+        name, _, text = value.partition("=")
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError:
+            fields = None
+        if not name or name in bodies or not isinstance(fields, dict):
+            raise ValueError(f"--body takes NAME=JSON, a new name and a JSON object, got {value!r}")
+        bodies[name] = fields
+    return bodies
 
 
 def _int_list(text: str, flag: str) -> list[int]:

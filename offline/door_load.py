@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 
 from engine.documents import SEARCH_TOOL
 from offline.latency import percentiles
@@ -23,29 +24,42 @@ def a2a_v03_send(part: dict) -> dict:
 
 
 async def door_load(
-    door: str, url: str, queries: list[str], concurrency: int, top_k: int, timeout: float, documents: list[str] = ()
+    door: str,
+    url: str,
+    queries: list[str],
+    concurrency: int,
+    top_k: int,
+    timeout: float,
+    documents: list[str] = (),
+    bodies: Mapping[str, Mapping] | None = None,
 ) -> dict:
     """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles.
     The ``rerank`` door (``/v1/rerank``) sends each query with ``documents`` and asks for ``top_k``.
+    ``bodies`` (REST): each query sent once per named body, these fields added to it, one after the
+    other, so that what they cost is timed under one load; percentiles by name under ``bodies``.
 
     REST and A2A go through aiohttp, kept-alive connections, one a client: the load client shares the
     server's cores here, and httpx spent several times aiohttp's CPU a request (docs/experiments.md,
     "The load client"), CPU the server's figures then lacked. MCP goes through the official client (httpx inside)."""
     import aiohttp
 
-    latencies: list[float] = []
+    if bodies is not None and door != "rest":
+        raise ValueError(f"bodies are sent to the rest door only, not {door}")
+    named = dict(bodies or {"": {}})
+    latencies: dict[str, list[float]] = {name: [] for name in named}
     errors: Counter[str] = Counter()  # what failed, so that a run with errors says why
-    queue: asyncio.Queue[str] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
     for query in queries:
-        queue.put_nowait(query)
+        for name in named:
+            queue.put_nowait((name, query))
 
     async def worker(client: aiohttp.ClientSession, session) -> None:
         while not queue.empty():
-            query = queue.get_nowait()
+            name, query = queue.get_nowait()
             started = time.perf_counter()
             try:
-                await _one_request(door, url, client, session, query, top_k, documents)
-                latencies.append(time.perf_counter() - started)
+                await _one_request(door, url, client, session, query, top_k, documents, named[name])
+                latencies[name].append(time.perf_counter() - started)
             except Exception as exc:
                 errors[f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"] += 1
 
@@ -66,14 +80,23 @@ async def door_load(
         "concurrency": concurrency,
         "errors": sum(errors.values()),
         **({"error_kinds": dict(errors.most_common(5))} if errors else {}),
-        "qps": len(latencies) / wall,
-        **percentiles(latencies or [0.0]),
+        "qps": sum(map(len, latencies.values())) / wall,
+        **(
+            percentiles(latencies[""] or [0.0])
+            if bodies is None
+            else {"bodies": {name: percentiles(found or [0.0]) for name, found in latencies.items()}}
+        ),
     }
 
 
-async def _one_request(door: str, url: str, client, session, query: str, top_k: int, documents: list[str]) -> None:
+async def _one_request(
+    door: str, url: str, client, session, query: str, top_k: int, documents: list[str], extra: Mapping
+) -> None:
     if door in ("rest", "rerank"):
-        body = {"query": query, "top_n": top_k, "documents": documents} if door == "rerank" else {"query": query, "top_k": top_k}
+        if door == "rerank":
+            body = {"query": query, "top_n": top_k, "documents": documents}
+        else:
+            body = {"query": query, "top_k": top_k, **extra}
         async with client.post(url, json=body) as reply:
             reply.raise_for_status()
             found = len((await reply.json())["results"])
@@ -103,7 +126,8 @@ def bench_http(
     top_k: int = 5,
     timeout: float = 60,
     documents: list[str] = (),
+    bodies: Mapping[str, Mapping] | None = None,
 ) -> dict:
-    """End-to-end latency through one front door at each concurrency level."""
-    runs = [asyncio.run(door_load(door, url, queries, c, top_k, timeout, documents)) for c in concurrency]
+    """End-to-end latency through one front door at each concurrency level (``bodies``: :func:`door_load`)."""
+    runs = [asyncio.run(door_load(door, url, queries, c, top_k, timeout, documents, bodies)) for c in concurrency]
     return {"door": door, "url": url, "queries": len(queries), "runs": runs}

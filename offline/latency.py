@@ -110,9 +110,13 @@ def _plot(report: dict, path: Path) -> None:
         ax.set_xlabel("rerank depth (0 = no reranking)")
         ax.set_title(f"per-stage latency, {report['device']}")
     else:
-        xs = [r["concurrency"] for r in report["runs"]]
-        ax.plot(xs, [r["p50"] for r in report["runs"]], marker="o", label="p50")
-        ax.plot(xs, [r["p95"] for r in report["runs"]], marker="o", label="p95")
+        runs = report["runs"]
+        xs = [r["concurrency"] for r in runs]
+        bodies = runs[0].get("bodies")  # bench rest --body: a line each
+        lines = {f"{name} ": [r["bodies"][name] for r in runs] for name in bodies} if bodies else {"": runs}
+        for name, stats in lines.items():
+            ax.plot(xs, [s["p50"] for s in stats], marker="o", label=f"{name}p50")
+            ax.plot(xs, [s["p95"] for s in stats], marker="o", label=f"{name}p95")
         ax.set_xlabel("concurrent clients")
         ax.set_title(f"{report['door']} end to end")
     ax.set_ylabel("ms")

@@ -36,12 +36,13 @@ from engine.documents import SEARCH_TOOL, SearchRequest
 from engine.errors import ServiceError
 from serving.jsonrpc_guard import JsonRpcGuard
 from serving.presentation import Presentation
-from serving.replies import json_errors
+from serving.replies import json_errors, to_chunks
 from serving.requests import BadRequest, validated
 from serving.search_service import SearchService
 
 log = logging.getLogger(__name__)
 SKILL_ID = "nfcorpus_retrieval"
+DETAILS = ("group_by", "highlight", "context")  # asked for, a reply carries REST's results
 
 
 class DocSearch(Protocol):
@@ -64,6 +65,7 @@ class EngineSearch:
         return {
             "doc_ids": [hit.doc_id for hit in hits],
             **({"explanations": explained} if request.explain else {}),
+            **({"results": to_chunks(hits).model_dump(mode="json")["results"]} if _detailed(request) else {}),
             **paged,
         }
 
@@ -79,12 +81,21 @@ class McpSearch:
 
         arguments = {"query": request.query, "top_k": request.top_k}
         tool = SEARCH_TOOL
-        narrowed = request.filters is not None or request.similarity_threshold is not None
+        narrowed = request.filters is not None or request.similarity_threshold is not None or _detailed(request)
         if narrowed or request.explain or request.controlled:
             tool = "search"  # the general tool takes them; the benchmark's stays as it is
             arguments |= request.model_dump(
                 mode="json",
-                include={"filters", "similarity_threshold", "explain", "fusion", "rerank", "retrievers"},
+                include={
+                    "filters",
+                    "similarity_threshold",
+                    "explain",
+                    "fusion",
+                    "rerank",
+                    "retrievers",
+                    "group_size",
+                    *DETAILS,
+                },
                 exclude_none=True,
             )
         async with Client(self.url) as client:
@@ -93,9 +104,17 @@ class McpSearch:
             message = " ".join(getattr(c, "text", "") for c in result.content).strip()
             raise BadRequest(f"MCP tool failed: {message or 'no message'}")
         results = (result.structured_content or {}).get("results", [])
+        if _detailed(request):  # the general tool's chunks, as the engine's answer carries them
+            return {"doc_ids": [r["doc_id"] for r in results], "results": results}
         if request.explain:  # the general tool's chunks, one a hit
             return {"doc_ids": [r["doc_id"] for r in results], "explanations": [r.get("explanation") for r in results]}
         return {"doc_ids": _unique([r["doc_id"] for r in results])[: request.top_k]}
+
+
+def _detailed(request: SearchRequest) -> bool:
+    """Whether ``request`` asks for what a hit's id cannot say (its group, best sentences, neighbours):
+    the data part then carries ``results``, REST's ``/search`` results."""
+    return any(getattr(request, name) is not None for name in DETAILS)
 
 
 def _unique(ids: list[str]) -> list[str]:
@@ -240,7 +259,8 @@ def agent_card(url: str, shown: Presentation, solver: bool = False) -> AgentCard
                 'rerank {enabled, depth} and retrievers {"dense": {"depth": N}}). Output: one artifact with one data'
                 " part "
                 f'{{"doc_ids": [...]}} holding top_k ranked, unique {shown.name} document ids; with "explain": true'
-                ' also "explanations", each hit\'s every stage rank and score.',
+                ' also "explanations", each hit\'s every stage rank and score; with group_by, highlight or context also'
+                ' "results", the /search results (each hit\'s group, highlights, context).',
                 tags=["retrieval", "search", *shown.tags],
                 examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
                 input_modes=["text/plain", "application/json"],

@@ -1,5 +1,7 @@
 """Passages that answer (issue 64): each hit's best sentences, scored by the index's bi-encoder, sit
-at their offsets in its text; the chunks around a hit come from its document and section only."""
+at their offsets in its text, a chunk's sentences encoded once; the chunks around a hit come from its
+document and section only. A2A replies carry them (and groups) as REST does; ``bench rest --body``
+times a request's highlights beside the plain body."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import shutil
 import pytest
 
 from engine.documents import DocumentIn, SearchRequest
+from engine.search.highlights import SentenceVectors, highlights, spans
 from engine.settings import EngineSettings
+from offline.door_load import bench_http
+from tests.helpers import a2a_v1_send
 
 SECTIONS = ["intro", "intro", "intro", "methods", "methods"]
 
@@ -57,3 +62,54 @@ def test_context_holds_the_neighbours_in_the_same_section(engine) -> None:
     before, after = hits["kiwi#p3"].context
     assert before == [] and [c.chunk_id for c in after] == ["p4"]
     assert all(h.context is not None for h in hits.values())
+
+
+def test_a_chunks_sentences_are_encoded_once_and_score_as_when_new(engine) -> None:
+    """Kept sentence vectors answer what encoding them anew answers, without encoding them again;
+    the oldest chunk's are dropped past the bound."""
+    texts = [hit.text for hit in _search(engine)]
+    real, encoded = engine.dense.query_encoder, []
+
+    def counted(text: str):
+        encoded.append(text)
+        return real(text)
+
+    query, kept = real("kiwi orchard pruning"), SentenceVectors(kept=3)
+    first = highlights(kept, counted, query, texts, 2)
+    assert len(encoded) == sum(len(spans(text)) for text in texts) > 0 and len(set(texts)) == len(texts) > 3
+    assert highlights(kept, counted, query, texts[-3:], 2) == first[-3:]  # kept: nothing encoded
+    assert len(encoded) == sum(len(spans(text)) for text in texts)
+    assert highlights(SentenceVectors(), real, query, texts, 2) == first
+    highlights(kept, counted, query, texts[:1], 2)  # pushed out by the three since: encoded again
+    assert len(encoded) == sum(len(spans(text)) for text in [*texts, texts[0]])
+
+
+def test_a2a_replies_carry_groups_highlights_and_context_as_rest_does(server) -> None:
+    """The a2a-sdk client's data part asking for groups, highlights and context gets REST's results
+    beside its doc_ids; a plain one gets doc_ids alone, as before."""
+    import httpx
+    from a2a.helpers.proto_helpers import new_data_part
+    from google.protobuf.json_format import MessageToDict
+
+    asked = {"query": "soy isoflavones", "top_k": 3, "group_by": "document_id", "group_size": 2}
+    asked |= {"highlight": {"sentences": 1}, "context": {"neighbors": 1}}
+    rest = httpx.post(server["mcp"] + "/search", json=asked, timeout=60).json()["results"]
+
+    def data(message: dict) -> dict:
+        task = a2a_v1_send(server["a2a"], [new_data_part(message)])
+        return MessageToDict(task.artifacts[0].parts[0].data)
+
+    found = data(asked)
+    assert found["results"] == rest and found["doc_ids"] == [hit["doc_id"] for hit in rest]
+    assert len({hit["document_id"] for hit in rest}) == 3 and all(hit["highlights"] for hit in rest)
+    for hit in rest:
+        assert all(hit["text"][x["start"] : x["end"]] == x["text"] for x in hit["highlights"])
+    assert set(data({"query": "soy isoflavones", "top_k": 3})) == {"doc_ids"}
+
+
+def test_bench_times_each_body_under_one_load(server) -> None:
+    queries = ["soy milk", "coffee caffeine", "vitamin d"]
+    bodies = {"none": {}, "highlight": {"highlight": {"sentences": 1}}, "bad": {"top_k": 0}}
+    run = bench_http("rest", server["mcp"] + "/search", queries, [1], top_k=2, bodies=bodies)["runs"][0]
+    assert set(run["bodies"]) == set(bodies) and run["bodies"]["highlight"]["n"] == run["bodies"]["none"]["n"] == 3
+    assert run["errors"] == 3 and "422" in next(iter(run["error_kinds"])), run  # the bad body's, counted apart

@@ -34,7 +34,7 @@ from engine.search import stages
 from engine.search.allowed import AllowedSets
 from engine.search.controls import search_options
 from engine.search.groups import by_document
-from engine.search.highlights import highlights
+from engine.search.highlights import SentenceVectors, highlights
 from engine.search.pages import Pins
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult, make_hits
 from engine.search.shard import LocalShard
@@ -168,6 +168,7 @@ class HybridEngine:
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
         self.pins = Pins(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)  # rankings, for pages
+        self.sentences = SentenceVectors()  # each highlighted chunk's sentence vectors, kept
 
     def _open_shards(self, writable: bool, encoder, query_encoder) -> list[HybridEngine]:
         """Every shard's engine; those opened are closed again when one cannot open (its writer's lock
@@ -526,7 +527,7 @@ class HybridEngine:
         every = [chunk for hit in hits for chunk in (hit, *hit.group)]
         if options.highlight and every:
             encoder, texts = self.dense.query_encoder, [h.text for h in every]
-            found = highlights(encoder, result.query_vector, texts, options.highlight)
+            found = highlights(self.sentences, encoder, result.query_vector, texts, options.highlight)
             for hit, best in zip(every, found, strict=True):
                 hit.highlights = best
         if options.neighbors:
