@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cli import index, measure, query, serve, train
+from cli import index, measure, query, serve, snapshot, train
 from cli.flags import setting_problems, settings_from
 from engine import threads
 from engine.rerank.cross_encoder import RerankerError
@@ -32,6 +32,7 @@ EPILOG = """examples:
   hybrid-search serve --index-dir indexes/nfcorpus
   hybrid-search ingest notes.md leaflet.pdf --index-dir indexes/nfcorpus
   hybrid-search search "soy safety" --filters '{"document_types": ["guideline"]}'
+  hybrid-search snapshot restore indexes/nfcorpus.snapshots/20261128T101500Z-0 --index-dir indexes/restored
 
 Every setting flag also reads HYBRID_SEARCH_<SETTING> (e.g. HYBRID_SEARCH_RERANK_DEPTH=50) and a TOML
 file named by --config or HYBRID_SEARCH_CONFIG (rerank_depth = 50, at the top or under its part's
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="TOML file with settings (keys as the option names, _ for -)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for commands in (index, query, measure, train, serve):
+    for commands in (index, query, measure, train, serve, snapshot):
         commands.register(sub)
     return parser
 

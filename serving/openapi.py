@@ -40,6 +40,7 @@ WHAT = {  # what an error status tells a caller, whichever failure answers it
     403: "not allowed for this key or client",
     404: "not found",
     405: "the server is read-only",
+    409: "not possible in the index's state now (the message says why)",
     413: "body over the size limit",
     422: "the message names the field that is wrong",
     429: "over the agent's rate; Retry-After says when",

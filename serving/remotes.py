@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # what a refused write says: about a writer's restart on a small machine
 STATUS_TIMEOUT_S = 2.0
+SNAPSHOT_TIMEOUT_S = 3600.0  # a snapshot reads every byte of the index once (its checksums)
 
 
 def writer_calls(live: LiveIndex) -> dict[str, Callable[..., Any]]:
@@ -44,6 +46,7 @@ def writer_calls(live: LiveIndex) -> dict[str, Callable[..., Any]]:
         "upsert": lambda document, wait: live.upsert(DocumentIn.model_validate(document), wait),
         "delete": live.delete,
         "document": live.document,
+        "snapshot": lambda into: live.snapshot(Path(into)),
         "status": live.status,
     }
 
@@ -55,9 +58,9 @@ class RemoteWriter:
     def __init__(self, transport: Transport, timeout_s: float) -> None:
         self.transport, self.timeout_s = transport, timeout_s
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         try:
-            return self.transport.call(method, *args, timeout_s=self.timeout_s)
+            return self.transport.call(method, *args, timeout_s=timeout_s or self.timeout_s)
         except Unreachable as exc:
             log.warning("%s did not take %s (%s)", self.transport.name, method, exc)
             raise Overloaded(
@@ -74,6 +77,9 @@ class RemoteWriter:
 
     def document(self, document_id: str) -> dict | None:
         return self._call("document", document_id)
+
+    def snapshot(self, into: Path) -> dict:
+        return self._call("snapshot", str(into), timeout_s=SNAPSHOT_TIMEOUT_S)
 
     def status(self) -> dict:
         """The writer's own status (``refresh_error`` among it), or ``reachable: false`` and why."""

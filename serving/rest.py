@@ -24,6 +24,7 @@ from agents.solver import SolverRequest
 from engine.documents import SEARCH_TOOL, DocumentIn, FacetRequest
 from engine.live.writer import DocumentNotFound
 from engine.search import Hit
+from engine.store.snapshot import SnapshotRefused
 from engine.store.wal import StorageFull
 from serving.admission import Overloaded
 from serving.openapi import Op, openapi_document
@@ -71,6 +72,13 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
 
     async def delete_document(request: Request) -> Response:
         return JSONResponse(await service.delete(request.path_params["document_id"], wait=_waits(request)))
+
+    async def take_snapshot(request: Request) -> Response:
+        return JSONResponse(await service.snapshot(), status_code=201)
+
+    async def snapshots(request: Request) -> Response:
+        listed = await run_in_threadpool(service.snapshots)
+        return JSONResponse({"folder": str(service.snapshots_dir), "snapshots": listed})
 
     def rerank(path: str) -> Op:
         """Cohere's rerank at ``path`` (its v1 or v2, one shape)."""
@@ -135,6 +143,14 @@ def routes(service: SearchService, door: ProtocolDoor) -> list[Route]:
             (DocumentNotFound, ReadOnly, BadRequest, StorageFull),
             refresh,
         ),
+        Op(
+            "POST /snapshots",
+            take_snapshot,
+            "Snapshot the index at its last acknowledged write (files that never change linked, each checksummed)",
+            {201: "taken: its name, write position (seq), files, bytes and seconds"},
+            (SnapshotRefused, Overloaded, StorageFull),
+        ),
+        Op("GET /snapshots", snapshots, "The snapshots in this server's folder, oldest first", "snapshots"),
         *(rerank(path) for path in RERANK_PATHS),
         Op(f"GET {SOLVER_PATH}", solver_card, "The solver's card: its input and rules", "card"),
         Op(

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -21,10 +22,11 @@ from agents.traces import TraceStore
 from engine.documents import DocumentIn, FacetRequest, QueryRequest, SearchRequest
 from engine.errors import ServiceError
 from engine.health import FailureCount
-from engine.live.writer import DocumentNotFound, Writer
+from engine.live.writer import DocumentNotFound, Writer, snapshot_unwritten
 from engine.rerank.cross_encoder import Scorer
 from engine.retrieval.encoder import QueryEncoder
 from engine.search import Hit, HybridEngine, SearchOptions
+from engine.store.snapshot import SnapshotRefused, default_folder, listing
 from serving.admission import Admission, Overloaded
 from serving.rerank_api import RerankRequest
 from serving.requests import BadRequest, validated
@@ -228,6 +230,31 @@ class SearchService:
         if found is None:
             raise DocumentNotFound(document_id)
         return found
+
+    # snapshots
+    @property
+    def snapshots_dir(self) -> Path:
+        """Where this server takes snapshots (``--snapshots-dir``, else beside the index)."""
+        return self.settings.serving.snapshots_dir or default_folder(self.settings.engine.index_dir)
+
+    async def snapshot(self) -> dict:
+        """A snapshot of the served index at its last acknowledged write, in :attr:`snapshots_dir`,
+        taken where the writes are: by the writer (in another process, for a follower), or, when no
+        process writes the index, holding the writer's lock (:mod:`engine.store.snapshot`)."""
+        engine = self.engine
+        if engine.manifest.shards:
+            raise SnapshotRefused(
+                f"{self.settings.engine.index_dir}: a sharded index; snapshot each shard's folder (shards/<i>)"
+                " with `hybrid-search snapshot create` when no server writes it"
+            )
+        if engine.live is not None:
+            return await asyncio.to_thread(engine.live.snapshot, self.snapshots_dir)
+        index_dir = self.settings.engine.index_dir
+        return await asyncio.to_thread(snapshot_unwritten, index_dir, self.snapshots_dir, engine.bm25)
+
+    def snapshots(self) -> list[dict]:
+        """The snapshots in :attr:`snapshots_dir`, oldest first, as their manifests say (unverified)."""
+        return listing(self.snapshots_dir)
 
     def exposition(self) -> bytes:
         """What ``/metrics`` answers: this process's series, in Prometheus' text format."""

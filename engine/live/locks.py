@@ -8,9 +8,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.store.index_dir import IndexDirError
-
-LOCK_FILE = "writer.lock"
+from engine.store.index_dir import LOCK_FILE, IndexDirError
 
 
 class ViewLock:

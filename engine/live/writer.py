@@ -35,8 +35,11 @@ import numpy as np
 
 from engine.documents import DocumentIn, unit_id
 from engine.errors import INVALID_PARAMS, ServiceError
+from engine.live.locks import claim_writer
+from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.merge import Merger
-from engine.store.index_dir import WAL_FILE, latest_dense, publish
+from engine.store.index_dir import BM25_DIR, WAL_FILE, IndexDirError, latest_dense, publish
+from engine.store.snapshot import SnapshotRefused, Taking
 from engine.store.tokens import TextTokenizer
 from engine.store.wal import WriteAheadLog
 from engine.text import chunk_text
@@ -57,6 +60,10 @@ class Writer(Protocol):
     def delete(self, document_id: str, wait: bool = False) -> dict: ...
 
     def document(self, document_id: str) -> dict | None: ...
+
+    def snapshot(self, into: Path) -> dict:
+        """A snapshot at the last acknowledged write, in the folder ``into`` (on the writer's machine)."""
+        ...
 
     def status(self) -> dict:
         """Its state for /health; ``refresh_error`` set (or ``reachable`` false) means writes wait."""
@@ -323,6 +330,15 @@ class LiveIndex:
             "seconds": round(time.perf_counter() - started, 3),
         }
 
+    def snapshot(self, into: Path) -> dict:
+        """A snapshot of the index in the folder ``into``, at the last acknowledged write
+        (:mod:`engine.store.snapshot`): writes wait to be logged while its position is fixed (the
+        log copied, links made), never while the store is copied; searches never wait."""
+        with Taking(self.index_dir, into) as taking:
+            with self._write:
+                taking.fix(*self.view.bm25.last_commit())
+            return taking.finish()
+
     def _refresher(self) -> None:
         while not self._stop.wait(self.refresh_interval_s):
             failing = self.refresh_error
@@ -357,6 +373,31 @@ class LiveIndex:
         self.merger.close()
         self.wal.close()
         self._lock_fh.close()
+
+
+def snapshot_unwritten(index_dir: Path, into: Path, bm25: LuceneIndex | None = None) -> dict:
+    """A snapshot of an index no process writes (a read-only server's, or one nothing serves) in the
+    folder ``into``, its position fixed holding the writer's lock so that no writer starts meanwhile;
+    refused while one writes, whose server takes it (POST /snapshots). ``bm25``: the index's Lucene,
+    open already (else opened here, read-only, for the time it takes)."""
+    with Taking(index_dir, into) as taking:
+        try:
+            lock = claim_writer(index_dir)
+        except IndexDirError:
+            raise SnapshotRefused(
+                f"{index_dir}: another process writes this index (a running `hybrid-search serve`?); ask it for the"
+                " snapshot (POST /snapshots), or stop it first"
+            ) from None
+        try:
+            lucene = bm25 or LuceneIndex(Path(index_dir) / BM25_DIR)
+            try:
+                taking.fix(*lucene.last_commit())
+            finally:
+                if bm25 is None:
+                    lucene.close()
+        finally:
+            lock.close()
+        return taking.finish()
 
 
 def apply_dense(dense, record: dict) -> None:

@@ -466,6 +466,16 @@ class LuceneIndex:
         value = data.get(SEQ_KEY)
         return int(value) if value is not None else 0
 
+    def last_commit(self) -> tuple[int, list[str]]:
+        """The last commit's position (the last log record it holds) and its files, by name in the
+        index's folder: what a snapshot links, since Lucene never changes a file once written and
+        keeps a commit's files until the next commit."""
+        with _calls:
+            infos = self.j.SegmentInfos.readLatestCommit(self._directory)
+            value = infos.getUserData().get(SEQ_KEY)
+            files = sorted(str(name) for name in infos.files(True).toArray())
+        return (int(value) if value is not None else 0), files
+
     def close(self) -> None:
         """Wait for the searches in flight, then release the index; a later search raises
         IndexClosedError. Uncommitted changes are rolled back: they are the log's to replay."""

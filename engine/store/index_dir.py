@@ -39,6 +39,7 @@ SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"  # what `evaluate` and `bench` write by default: beside the index they measured
 WAL_FILE = "wal.log"
 PUBLISHED_FILE = "published"  # the last logged write the writer has made visible to other processes
+LOCK_FILE = "writer.lock"  # held by the index's one writing process (engine/live/locks.py)
 
 
 # corpora whose wording agents have always been shown: folder name -> (name, one-line description)
