@@ -6,16 +6,31 @@ On a terminal: a tqdm bar. Anywhere else (a log file, CI, a service's journal): 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("hybrid_search.progress")
 _QUARTERS = (0.25, 0.5, 0.75)
 EVERY_S = 60.0  # long work says how far it got at least this often
+Observer = Callable[[str, int, "int | None"], None]  # (what, done, total) after each item
+_observer: ContextVar[Observer | None] = ContextVar("progress_observer", default=None)
+
+
+@contextlib.contextmanager
+def observed(observer: Observer) -> Iterator[None]:
+    """Every :class:`track` run in this context (this thread) also tells ``observer`` how far it
+    got, shown or not: a build run by a server reports its progress there (``GET /jobs/{id}``)."""
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
 
 
 class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
@@ -37,24 +52,32 @@ class track(Generic[T]):  # noqa: N801 - used like a function, as tqdm is
             self._bar.set_postfix(self._notes)
 
     def __iter__(self) -> Iterator[T]:
+        observer = _observer.get()
+        items = self.items if observer is None else self._observed(observer)
         if not self.enabled:
-            yield from self.items
+            yield from items
         elif sys.stderr.isatty():
             from tqdm import tqdm
 
-            with tqdm(self.items, desc=self.desc, unit=self.unit, total=self.total) as self._bar:
+            with tqdm(items, desc=self.desc, unit=self.unit, total=self.total) as self._bar:
                 yield from self._bar
         else:
-            yield from self._logged()
+            yield from self._logged(items)
 
-    def _logged(self) -> Iterator[T]:
+    def _observed(self, observer: Observer) -> Iterator[T]:
+        observer(self.desc, 0, self.total)
+        for done, item in enumerate(self.items, 1):
+            yield item
+            observer(self.desc, done, self.total)
+
+    def _logged(self, items: Iterable[T]) -> Iterator[T]:
         """A line at the start, at each quarter and at least every :data:`EVERY_S` seconds (with the
         rate and the time left), and at the end."""
         started, total = time.perf_counter(), self.total
         marks = sorted({int(q * total) for q in _QUARTERS} - {0}) if total else []
         log.info("%s: started%s", self.desc, f" ({total:,} {self.units})" if total else "")
         done, last = 0, started
-        for item in self.items:
+        for item in items:
             yield item
             done += 1
             now = time.perf_counter()

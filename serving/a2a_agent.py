@@ -4,6 +4,9 @@
 Built on the official a2a-sdk (protocol 1.0) with its v0.3 compatibility switched on, because the
 benchmark's evaluator speaks 0.3. The reply is exactly one artifact with exactly one data part and
 no text anywhere: the evaluator joins every part it sees and parses the result as JSON.
+
+Serving collections (``serve --indexes DIR``), the card lists one skill per collection, and a
+message's ``"collection"`` (a name or alias) picks the one searched (default: the default one).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from starlette.applications import Starlette
 
 from engine.documents import SEARCH_TOOL, SearchRequest
 from engine.errors import ServiceError
+from serving.collections import Collections
 from serving.jsonrpc_guard import JsonRpcGuard
 from serving.presentation import Presentation
 from serving.replies import json_errors, to_chunks
@@ -48,9 +52,10 @@ DETAILS = ("group_by", "highlight", "context")  # asked for, a reply carries RES
 class DocSearch(Protocol):
     """Where the agent's searches go: the in-process engine or a remote MCP tool."""
 
-    async def answer(self, request: SearchRequest) -> dict:
+    async def answer(self, request: SearchRequest, collection: str | None = None) -> dict:
         """The reply's data part: ``doc_ids``, ``explanations`` when the request asked, and
-        ``next_page_token`` when it paginates and more remain."""
+        ``next_page_token`` when it paginates and more remain; ``collection``: the one to search
+        (None: the default; only a server of collections is given one)."""
         ...
 
 
@@ -58,7 +63,7 @@ class EngineSearch:
     def __init__(self, service: SearchService) -> None:
         self.service = service
 
-    async def answer(self, request: SearchRequest) -> dict:
+    async def answer(self, request: SearchRequest, collection: str | None = None) -> dict:
         hits = await self.service.search(request, door="a2a")
         explained = [hit.explanation.model_dump(mode="json") for hit in hits] if request.explain else None
         paged = {"next_page_token": hits.next_page_token} if getattr(hits, "next_page_token", None) else {}
@@ -70,19 +75,30 @@ class EngineSearch:
         }
 
 
+class CollectionSearch:
+    """The collection a message names (or the default one), leased for its search."""
+
+    def __init__(self, collections: Collections) -> None:
+        self.collections = collections
+
+    async def answer(self, request: SearchRequest, collection: str | None = None) -> dict:
+        async with self.collections.leased(collection) as leased:
+            return await EngineSearch(leased.service).answer(request)
+
+
 class McpSearch:
     """Calls ``search_nfcorpus`` on any MCP server through the official client."""
 
     def __init__(self, url: str) -> None:
         self.url = url
 
-    async def answer(self, request: SearchRequest) -> dict:
+    async def answer(self, request: SearchRequest, collection: str | None = None) -> dict:
         from mcp import Client
 
         arguments = {"query": request.query, "top_k": request.top_k}
         tool = SEARCH_TOOL
         narrowed = request.filters is not None or request.similarity_threshold is not None or _detailed(request)
-        if narrowed or request.explain or request.controlled:
+        if narrowed or request.explain or request.controlled or collection is not None:
             tool = "search"  # the general tool takes them; the benchmark's stays as it is
             arguments |= request.model_dump(
                 mode="json",
@@ -98,6 +114,7 @@ class McpSearch:
                 },
                 exclude_none=True,
             )
+            arguments |= {"collection": collection} if collection is not None else {}
         async with Client(self.url) as client:
             result = await client.call_tool(tool, arguments)
         if result.is_error:
@@ -133,20 +150,28 @@ def solver_task(parts: list[Part]) -> dict | None:
     return payload if isinstance(payload, dict) and "task" in payload else None
 
 
-def parse_message(parts: list[Part], max_chars: int) -> SearchRequest:
+def parse_message(parts: list[Part], max_chars: int, collections: bool = False) -> tuple[SearchRequest, str | None]:
     """A data part with the keys, a text part holding that JSON, or plain text as the query (top 5);
-    JSON of the wrong shape is refused, never guessed at."""
+    JSON of the wrong shape is refused, never guessed at. With ``collections``, the collection a
+    JSON message names (``"collection"``), else None."""
     data = get_data_parts(parts)
     if data:
-        return validated(SearchRequest.limited(max_chars), data[0])
-    text = "".join(get_text_parts(parts)).strip()
-    if not text:
-        raise BadRequest('send a text part with JSON like {"query": "...", "top_k": 5}')
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError:  # plain words, as chat UIs and generic clients send: the question itself
-        payload = {"query": text}
-    return validated(SearchRequest.limited(max_chars), payload)
+        payload = data[0]
+    else:
+        text = "".join(get_text_parts(parts)).strip()
+        if not text:
+            raise BadRequest('send a text part with JSON like {"query": "...", "top_k": 5}')
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError:  # plain words, as chat UIs and generic clients send: the question itself
+            payload = {"query": text}
+    collection = None
+    if collections and isinstance(payload, dict) and "collection" in payload:
+        payload = dict(payload)
+        collection = payload.pop("collection")
+        if not isinstance(collection, str):
+            raise BadRequest(f"collection: a collection's name (a string), got {collection!r}")
+    return validated(SearchRequest.limited(max_chars), payload), collection
 
 
 class RetrievalExecutor(AgentExecutor):
@@ -163,6 +188,7 @@ class RetrievalExecutor(AgentExecutor):
         self.max_chars = max_chars
         self.timeout_s = timeout_s
         self.solve = solve
+        self.collections = isinstance(search, CollectionSearch)  # messages may name a collection
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
@@ -178,8 +204,8 @@ class RetrievalExecutor(AgentExecutor):
             await self._solve(updater, task_payload)
             return
         try:
-            request = parse_message(list(context.message.parts), self.max_chars)
-            found = await asyncio.wait_for(self.search.answer(request), timeout=self.timeout_s)
+            request, collection = parse_message(list(context.message.parts), self.max_chars, self.collections)
+            found = await asyncio.wait_for(self.search.answer(request, collection), timeout=self.timeout_s)
         except ServiceError as exc:  # the caller is told why: a failed task
             await self._fail(updater, str(exc))
             return
@@ -232,10 +258,18 @@ SOLVER_SKILL = AgentSkill(
 )
 
 
-def agent_card(url: str, shown: Presentation, solver: bool = False) -> AgentCard:
+def agent_card(
+    url: str, shown: Presentation, solver: bool = False, collections: Collections | None = None
+) -> AgentCard:
     """The card, with a 1.0 and a 0.3 interface so both generations of clients accept it; ``shown``:
-    what the index says it holds."""
-    example = json.dumps({"query": "does vitamin D prevent falls in older adults?", "top_k": 5})
+    what the index says it holds. ``collections``: one skill for each (the default one's is the
+    index's skill as ever), read when the card is asked for, so a collection made since is there."""
+    default = collections.default_name() if collections is not None else None
+    if default is not None:
+        shown = Presentation.of(collections.root / default)
+    listed = [name for name in collections.names() if name != default] if collections is not None else []
+    others = [_collection_skill(name, Presentation.of(collections.root / name)) for name in listed]
+    index_skill = [retrieval_skill(shown)] if collections is None or default is not None else []
     return AgentCard(
         name=f"hybrid-search {shown.name} retriever",
         description=f"Retrieves {shown.description} for a plain-English query: BM25 + dense "
@@ -248,27 +282,36 @@ def agent_card(url: str, shown: Presentation, solver: bool = False) -> AgentCard
         capabilities=AgentCapabilities(streaming=False, push_notifications=False),
         default_input_modes=["text/plain", "application/json"],
         default_output_modes=["application/json"],
-        skills=[
-            AgentSkill(
-                id=SKILL_ID,
-                name=f"{shown.name} retrieval",
-                description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
-                "(or a data part with those keys, or plain text: the question, top 5; optional filters "
-                "{document_types, date_range, document_ids, "
-                "metadata key: value} and similarity_threshold 0..1; this search's fusion {method, k, weights}, "
-                'rerank {enabled, depth} and retrievers {"dense": {"depth": N}}). Output: one artifact with one data'
-                " part "
-                f'{{"doc_ids": [...]}} holding top_k ranked, unique {shown.name} document ids; with "explain": true'
-                ' also "explanations", each hit\'s every stage rank and score; with group_by, highlight or context also'
-                ' "results", the /search results (each hit\'s group, highlights, context).',
-                tags=["retrieval", "search", *shown.tags],
-                examples=[example, json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
-                input_modes=["text/plain", "application/json"],
-                output_modes=["application/json"],
-            ),
-            *([SOLVER_SKILL] if solver else []),
-        ],
+        skills=[*index_skill, *others, *([SOLVER_SKILL] if solver else [])],
     )
+
+
+def retrieval_skill(shown: Presentation, skill_id: str = SKILL_ID, collection: str | None = None) -> AgentSkill:
+    """Retrieval from an index (``shown``: what it holds); from a collection, reached by naming it in the message."""
+    asked = {"query": "does vitamin D prevent falls in older adults?", "top_k": 5}
+    named = {"collection": collection} if collection is not None else {}
+    reach = f' Add "collection": "{collection}" to the JSON to search this collection.' if collection else ""
+    return AgentSkill(
+        id=skill_id,
+        name=f"{shown.name} retrieval" + (f" (collection {collection})" if collection else ""),
+        description='Input: a text part with JSON {"query": str, "top_k": int 1..100, default 5} '
+        "(or a data part with those keys, or plain text: the question, top 5; optional filters "
+        "{document_types, date_range, document_ids, "
+        "metadata key: value} and similarity_threshold 0..1; this search's fusion {method, k, weights}, "
+        'rerank {enabled, depth} and retrievers {"dense": {"depth": N}}). Output: one artifact with one data'
+        " part "
+        f'{{"doc_ids": [...]}} holding top_k ranked, unique {shown.name} document ids; with "explain": true'
+        ' also "explanations", each hit\'s every stage rank and score; with group_by, highlight or context also'
+        ' "results", the /search results (each hit\'s group, highlights, context).' + reach,
+        tags=["retrieval", "search", *shown.tags, *([f"collection:{collection}"] if collection else [])],
+        examples=[json.dumps(asked | named), json.dumps({"doc_ids": ["MED-1", "MED-2", "MED-3", "MED-4", "MED-5"]})],
+        input_modes=["text/plain", "application/json"],
+        output_modes=["application/json"],
+    )
+
+
+def _collection_skill(name: str, shown: Presentation) -> AgentSkill:
+    return retrieval_skill(shown, f"retrieval.{name}", name)
 
 
 def build_a2a_app(
@@ -282,21 +325,28 @@ def build_a2a_app(
     *,
     tasks: TaskStore,
     task_ids: IDGenerator | None = None,
+    collections: Collections | None = None,
 ) -> JsonRpcGuard:
     """JSON-RPC at ``/`` (1.0 and 0.3) behind :class:`JsonRpcGuard`, the card at the well-known
     path and at ``/``. ``tasks``: where tasks are kept; ``task_ids``: how new ones are named
-    (default: random UUIDs)."""
-    card = agent_card(url, shown, solver=solve is not None)
+    (default: random UUIDs); ``collections``: the card lists them as they are when it is read."""
+    card = agent_card(url, shown, solve is not None, collections)
     handler = DefaultRequestHandler(
         agent_executor=RetrievalExecutor(search, max_chars, timeout_s, solve),
         task_store=tasks,
         agent_card=card,
         request_context_builder=SimpleRequestContextBuilder(task_store=tasks, task_id_generator=task_ids),
     )
+    current = None
+    if collections is not None:
+
+        async def current(_: AgentCard) -> AgentCard:  # the collections as they are now
+            return agent_card(url, shown, solve is not None, collections)
+
     routes = [
-        *create_agent_card_routes(card),
-        *create_agent_card_routes(card, card_url="/"),
-        *create_agent_card_routes(card, card_url="/.well-known/agent.json"),
+        *create_agent_card_routes(card, current),
+        *create_agent_card_routes(card, current, card_url="/"),
+        *create_agent_card_routes(card, current, card_url="/.well-known/agent.json"),
         *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True),
     ]
     return JsonRpcGuard(json_errors(Starlette(routes=routes)), "/", max_body_bytes)

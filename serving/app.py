@@ -17,10 +17,12 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serving import rest, telemetry
-from serving.a2a_agent import EngineSearch, McpSearch, build_a2a_app
+from serving import collection_routes, rest, telemetry
+from serving.a2a_agent import CollectionSearch, EngineSearch, McpSearch, build_a2a_app
 from serving.a2a_tasks import RecentTaskStore, WorkerTasks
 from serving.asgi import route_path
+from serving.build_jobs import Jobs
+from serving.collections import Collections
 from serving.mcp_events import RETRY_MS, RecentEvents
 from serving.mcp_tool import build_mcp_server
 from serving.openapi import unkeyed
@@ -108,21 +110,29 @@ def build_apps(
     ``service``: one built by the caller (a Ray replica's, around an engine whose reranker is a
     deployment; a worker's of ``serve --workers N``); MCP is then stateless, since any replica or
     worker may take a session's next request. ``tasks``: a worker's A2A tasks, reachable from its
-    siblings (default: this process's ``--a2a-tasks-kept`` most recent)."""
+    siblings (default: this process's ``--a2a-tasks-kept`` most recent). With ``--indexes DIR``:
+    every collection in DIR (:mod:`serving.collections`), returned in the service's place."""
     telemetry.install(settings)  # once per process: spans, and their export with --otlp-endpoint
     stateless = service is not None
     ports = door_ports(settings, mcp, a2a, mcp_url)
-    if service is None and "mcp" in ports:
+    collections = None
+    if settings.serving.indexes is not None and service is None and "mcp" in ports:
+        collections = Collections(settings, writable, lambda one: http_app(one, mcp=False))
+    elif service is None and "mcp" in ports:
         service = SearchService(settings, writable=writable)
     apps = {}
-    if service is not None:
+    if collections is not None:
+        apps["mcp"] = (collections_app(collections, mcp), settings.serving.mcp_port)
+    elif service is not None:
         apps["mcp"] = (http_app(service, mcp, stateless), settings.serving.mcp_port)
     if a2a:
         url = (
             settings.serving.public_url
             or f"{scheme(settings)}://{_display_host(settings.serving.host)}:{settings.serving.a2a_port}/"
         )
-        search = McpSearch(mcp_url) if mcp_url else EngineSearch(service)
+        search = (
+            McpSearch(mcp_url) if mcp_url else CollectionSearch(collections) if collections else EngineSearch(service)
+        )
         apps["a2a"] = (
             build_a2a_app(
                 search,
@@ -134,6 +144,7 @@ def build_apps(
                 settings.serving.max_body_bytes,
                 tasks=tasks if tasks is not None else RecentTaskStore(settings.serving.a2a_tasks_kept),
                 task_ids=tasks.ids if tasks is not None else None,
+                collections=collections,
             ),
             settings.serving.a2a_port,
         )
@@ -142,7 +153,8 @@ def build_apps(
         if not hashes:
             raise ValueError("--key-all-doors needs --agent-keys with at least one key")
         apps = {door: (KeyGate(app, hashes), port) for door, (app, port) in apps.items()}
-    return service, {door: (telemetry.TracedDoor(app, door), port) for door, (app, port) in apps.items()}
+    served = collections if collections is not None else service
+    return served, {door: (telemetry.TracedDoor(app, door), port) for door, (app, port) in apps.items()}
 
 
 def check_ports(ports: dict[str, int], host: str) -> None:
@@ -191,6 +203,18 @@ def http_app(service: SearchService, mcp: bool = True, stateless: bool = False) 
         )
         routes, lifespan = routes + mcp_app.routes, mcp_app.router.lifespan_context
     return json_errors(Starlette(routes=routes, lifespan=lifespan))
+
+
+def collections_app(collections: Collections, mcp: bool = True) -> Starlette:
+    """``serve --indexes``: the collections' routes, ``/mcp`` over all of them unless ``mcp`` is off,
+    and today's routes for the default collection (:mod:`serving.collection_routes`)."""
+    settings = collections.settings
+    routes, lifespan = collection_routes.routes(collections, Jobs()), None
+    if mcp:
+        resumable = {"event_store": RecentEvents(settings.serving.mcp_resume_bytes), "retry_interval": RETRY_MS}
+        mcp_app = build_mcp_server(collections).streamable_http_app(host=settings.serving.host, **resumable)
+        routes, lifespan = routes + mcp_app.routes, mcp_app.router.lifespan_context
+    return json_errors(Starlette(routes=[*routes, *collection_routes.default_routes(collections)], lifespan=lifespan))
 
 
 def _display_host(host: str) -> str:

@@ -5,25 +5,29 @@ fields) and, with ``--mcp-writes``, ``add_document`` / ``delete_document``. Each
 are read from the request model its REST twin validates with, so the two cannot drift.
 Resources: ``document://{document_id}``, a whole document with its chunks and metadata (each
 ``search`` hit names its URI), so an agent can search, then read. Prompt: ``answer_from_documents``.
+Serving collections (``serve --indexes DIR``): a ``list_collections`` tool and ``collections://``
+resource, and every tool but ``search_nfcorpus`` (the default collection's) takes ``collection``.
 """
 
+import contextlib
 import inspect
 import io
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from engine.documents import SEARCH_TOOL, DocumentIn, FacetRequest
 from engine.errors import ServiceError
 from engine.live.writer import DocumentNotFound
+from serving.collections import Collections, CollectionsReply
 from serving.presentation import Presentation
 from serving.replies import (
     DOCUMENT_URI,
@@ -61,26 +65,64 @@ def takes(model: type[BaseModel], *names: str) -> Callable[[Callable], Callable]
     return sign
 
 
-def build_mcp_server(service: SearchService) -> MCPServer:
-    """An MCP server exposing the engine; errors reach the client as tool errors, never crashes."""
-    shown = Presentation.of(service.settings.engine.index_dir)
+COLLECTION = Annotated[
+    str | None,
+    Field(description="the collection (or alias) to use, as list_collections names them; default: the default one"),
+]
+
+
+def with_collection(served: SearchService | Collections) -> Callable[[Callable], Callable]:
+    """Serving collections: one more argument, ``collection``, at the end of a tool's signature."""
+
+    def sign(tool: Callable) -> Callable:
+        signature = inspect.signature(tool)
+        named = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        if isinstance(served, Collections):
+            named.append(
+                inspect.Parameter("collection", inspect.Parameter.KEYWORD_ONLY, annotation=COLLECTION, default=None)
+            )
+        tool.__signature__ = signature.replace(parameters=named)
+        return tool
+
+    return sign
+
+
+def build_mcp_server(served: SearchService | Collections) -> MCPServer:
+    """An MCP server exposing the engine (or each collection of ``serve --indexes``); errors reach
+    the client as tool errors, never crashes."""
+    collections = served if isinstance(served, Collections) else None
+    default = collections.default_name() if collections is not None else None
+    index_dir = collections.root / default if collections is not None and default else served.settings.engine.index_dir
+    shown = Presentation.of(index_dir)
     server = MCPServer(
         name="hybrid-search",
-        instructions=f"Search {shown.description} with hybrid BM25 + dense retrieval and reranking.",
+        instructions=f"Search {shown.description} with hybrid BM25 + dense retrieval and reranking."
+        + (" More collections: list_collections; the tools take collection=NAME." if collections else ""),
         version="0.1.0",
     )
+
+    @contextlib.asynccontextmanager
+    async def using(collection: str | None = None) -> AsyncIterator[SearchService]:
+        """The service a call uses: the one served, or the collection named (a lease for the call)."""
+        if collections is None:
+            yield served
+            return
+        async with collections.leased(collection) as leased:
+            yield leased.service
+
     async def searched(model: type[BaseModel], arguments: dict):
         try:
-            return await service.search(validated(model, arguments), door="mcp")
+            async with using(arguments.pop("collection", None)) as service:
+                return await service.search(validated(model, arguments), door="mcp")
         except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
             raise ToolError(str(exc)) from None
 
     @server.tool(
         name=SEARCH_TOOL, description=f"Find the {shown.name} documents most relevant to a plain-English query."
     )
-    @takes(service.query_request, "query", "top_k")
+    @takes(served.query_request, "query", "top_k")
     async def search_nfcorpus(**arguments) -> SearchResponse:
-        return to_response(await searched(service.query_request, arguments))
+        return to_response(await searched(served.query_request, arguments))
 
     @server.tool(
         name="search",
@@ -94,8 +136,9 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         ' highlight {"sentences": N}: each hit\'s best sentences with offsets; context {"neighbors": N}: the chunks'
         " around each hit.",
     )
+    @with_collection(served)
     @takes(
-        service.search_request,
+        served.search_request,
         "query",
         "top_k",
         "filters",
@@ -112,35 +155,41 @@ def build_mcp_server(service: SearchService) -> MCPServer:
         "context",
     )
     async def search(**arguments) -> ChunkResponse:
-        return to_chunks(await searched(service.search_request, arguments))
+        return to_chunks(await searched(served.search_request, arguments))
 
     @server.tool(
         name="facets",
         description="Exact counts of one metadata key's values (e.g. document_type) among the chunks that match"
         " filters (as search takes them) and optionally a query's candidates; count: chunks or documents.",
     )
+    @with_collection(served)
     @takes(FacetRequest, *FacetRequest.model_fields)
     async def facets(**arguments) -> FacetResponse:
         try:
-            asked = validated(FacetRequest, arguments)
-            return to_facets(asked.key, asked.count, await service.facets(asked, door="mcp"))
+            async with using(arguments.pop("collection", None)) as service:
+                asked = validated(FacetRequest, arguments)
+                return to_facets(asked.key, asked.count, await service.facets(asked, door="mcp"))
         except ServiceError as exc:
             raise ToolError(str(exc)) from None
 
-    if service.settings.serving.mcp_writes:
+    if served.settings.serving.mcp_writes:
 
         @server.tool(name="add_document", description="Add a document with its chunks, or replace it whole.")
+        @with_collection(served)
         @takes(DocumentIn, "document_id", "document_name", "chunks", "metadata")
         async def add_document(**arguments) -> dict:
             try:
-                return await service.upsert(arguments, wait=True)
+                async with using(arguments.pop("collection", None)) as service:
+                    return await service.upsert(arguments, wait=True)
             except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
                 raise ToolError(str(exc)) from None
 
         @server.tool(name="delete_document", description="Delete a document and all its chunks.")
-        async def delete_document(document_id: str) -> dict:
+        @with_collection(served)
+        async def delete_document(document_id: str, **arguments) -> dict:
             try:
-                return await service.delete(document_id, wait=True)
+                async with using(arguments.get("collection")) as service:
+                    return await service.delete(document_id, wait=True)
             except DocumentNotFound:
                 raise ToolError(f"no document {document_id!r}") from None
             except ServiceError as exc:  # a tool error: a message for the calling model, never a crash
@@ -155,9 +204,13 @@ def build_mcp_server(service: SearchService) -> MCPServer:
     )
     async def document(document_id: str) -> str:
         try:
-            return json.dumps(await service.document(document_id), ensure_ascii=False)
+            async with using() as service:
+                return json.dumps(await service.document(document_id), ensure_ascii=False)
         except DocumentNotFound:  # INVALID_PARAMS with data.uri: resource-not-found as MCP 2026-07-28 has it
             raise ResourceNotFoundError(f"no document {document_id!r}") from None
+
+    if collections is not None:
+        _collection_tools(server, collections)
 
     @server.prompt(
         name="answer_from_documents",
@@ -173,6 +226,29 @@ def build_mcp_server(service: SearchService) -> MCPServer:
 
     server.middleware.append(_known_prompts(server))
     return server
+
+
+def _collection_tools(server: MCPServer, collections: Collections) -> None:
+    """``list_collections`` and ``collections://``: each collection as its manifest describes it."""
+    from starlette.concurrency import run_in_threadpool
+
+    @server.tool(
+        name="list_collections",
+        description="The collections this server searches: each one's name, what it holds (its manifest's"
+        " description), documents, health and aliases; pass a name (or alias) as the tools' collection argument.",
+    )
+    async def list_collections() -> CollectionsReply:
+        return await run_in_threadpool(collections.listing)
+
+    @server.resource(
+        "collections://",
+        name="collections",
+        title="The collections",
+        description="Every collection with what it holds, its size and health; the aliases and the default.",
+        mime_type="application/json",
+    )
+    async def listed() -> str:
+        return (await run_in_threadpool(collections.listing)).model_dump_json()
 
 
 def _known_prompts(server: MCPServer):
