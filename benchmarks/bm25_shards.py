@@ -39,16 +39,6 @@ from offline.records import write_result
 DEPTH = 100
 
 
-class _Everything:
-    """Every chunk may be returned (these shards take no writes and no filters)."""
-
-    def contains(self, units) -> np.ndarray:
-        return np.ones(len(units), dtype=bool)
-
-
-EVERYTHING = Within(_Everything())
-
-
 class LuceneShard:
     """A shard of BM25 alone, answering what :class:`ShardedBM25` asks (``local``: with its own
     statistics, ignoring the corpus's)."""
@@ -61,8 +51,8 @@ class LuceneShard:
 
     def bm25(self, query: Query, k: int, filters, weighted, average: float):
         if self.local:
-            return self.index.retrieve(query, k, EVERYTHING)
-        return self.index.retrieve(query, k, EVERYTHING, weighted, average)
+            return self.index.retrieve(query, k, Within())
+        return self.index.retrieve(query, k, Within(), weighted, average)
 
     def size(self) -> int:
         return self.index.documents
@@ -83,7 +73,7 @@ def compare(data_dir: Path, counts: list[int], local: bool, k1: float = 0.9, b: 
     work = Path(tempfile.mkdtemp(prefix="bm25-shards-"))
     try:
         whole = _index(work / "whole", ids, dataset, k1, b)
-        expected = {q: whole.search(q, DEPTH + 20) for q in queries}
+        expected = {q: whole.retrieve(Query(q, None), DEPTH + 20, Within()) for q in queries}
         found = {"depth": DEPTH, "queries": len(queries), "documents": len(ids), "runs": []}
         for n in counts:
             parts = [[d for d in ids if shard_of(d, n) == s] for s in range(n)]

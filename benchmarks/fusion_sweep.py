@@ -13,6 +13,7 @@ from pathlib import Path
 
 from benchmarks import options
 from engine.fusion.rrf import reciprocal_rank_fusion
+from engine.retrieval.protocol import Query, Within
 from engine.search import HybridEngine
 from offline.dataset import load_dataset
 from offline.evaluation import evaluate_run
@@ -25,11 +26,13 @@ def main() -> None:
     qrels, queries = dataset.qrels(args.split), dataset.split_queries(args.split)
     engine = HybridEngine(settings.with_values(rerank=False).engine)
     vectors = {q: engine.dense.encode_query(t) for q, t in queries.items()}
-    bm25 = {q: [d for d, _ in engine.bm25.search(t, 100)] for q, t in queries.items()}
-    dense = {q: [d for d, _ in engine.dense.search(vectors[q], 100)] for q in queries}
+    bm25 = {q: [d for d, _ in engine.bm25.retrieve(Query(t, None), 100, Within())] for q, t in queries.items()}
+    dense = {q: [d for d, _ in engine.dense.retrieve(Query("", vectors[q]), 100, Within())] for q in queries}
     rows = []
     for neighbors in (5, 10, 15, 20):
-        memory = {q: [d for d, _ in engine.memory.search(vectors[q], 100, neighbors=neighbors)] for q in queries}
+        memory = {
+            q: [d for d, _ in engine.memory.retrieve(Query("", vectors[q]), 100, Within(), neighbors)] for q in queries
+        }
         for k, w_bm25, w_dense, w_memory in itertools.product(
             (10, 30, 60, 100), (0.5, 1.0), (0.5, 1.0), (1.0, 1.5, 2.0)
         ):

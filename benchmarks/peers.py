@@ -9,7 +9,7 @@ Rows (each answers a query with its top 10 document ids; nDCG@10 on the split's 
   time is in its latency as it is in ours.
 - ``bm25s BM25``: bm25s with its tokenizer set as close to our Lucene analyzer as it goes (Porter
   stemmer, Lucene's English stop words, one-character tokens kept) and our k1 and b.
-- ``ours BM25 stage``: our Lucene BM25 alone (``engine.bm25.search``).
+- ``ours BM25 stage``: our Lucene BM25 alone (``engine.bm25.retrieve``).
 - ``ours without judgments``: an index built from the corpus and queries only (no qrels), so BM25 +
   dense fused by RRF; built once with ``hybrid-search build`` into ``--cache`` and reused.
 - ``ours supervised``: the normal index (judgment memory and learned fusion), reranker off.
@@ -46,6 +46,7 @@ import numpy as np
 
 from benchmarks import options
 from engine import threads
+from engine.retrieval.protocol import Query, Within
 from engine.settings import EngineSettings
 from engine.store.index_dir import MANIFEST_FILE, latest_dense, read_manifest
 from offline.dataset import fingerprint, load_dataset
@@ -191,7 +192,7 @@ def bm25_stage_peer(engine) -> Peer:
     s = engine.settings
 
     def search(query: str) -> list[str]:
-        return [d for d, _ in engine.bm25.search(query, TOP_K)]
+        return [d for d, _ in engine.bm25.retrieve(Query(query, None), TOP_K, Within())]
 
     return Peer("ours BM25 stage", f"Lucene (Anserini analyzer), k1 {s.bm25_k1}, b {s.bm25_b}", search)
 

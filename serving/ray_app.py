@@ -43,6 +43,7 @@ from engine.rerank.loading import open_reranker
 from engine.rerank.token_rows import WireRows
 from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
+from engine.search.opening import Remotes, open_view
 from engine.search.shard import ENCODED, LocalShard
 from engine.shards.opened import SHARD_ONLY, shard_settings
 from engine.shards.writes import ShardedWriter
@@ -101,7 +102,9 @@ class WriterReplica:
 
     def __init__(self, settings: Settings) -> None:
         self.engine = HybridEngine(  # it encodes documents, never a query
-            settings.engine.model_copy(update={"rerank": False, "followed": True}), writable=True, query_encoder=ENCODED
+            settings.engine.model_copy(update={"rerank": False, "followed": True}),
+            True,
+            remotes=Remotes(query_encoder=ENCODED),
         )
 
         self.calls = writer_calls(self.engine.live)
@@ -133,9 +136,10 @@ class ShardReplica:
         engine_settings = shard_settings(settings.engine, settings.engine.index_dir, shard)
         timeout = settings.serving.query_timeout_s
         follow = RemoteWriter(RayTransport(writer, f"writer of shard {shard}"), timeout) if writer else None
-        engine = HybridEngine(engine_settings, follow=follow, encoder=ENCODED, query_encoder=ENCODED)
-        engine.warm_up(settings.engine.warmup_searches)  # the JVM compiles Lucene's search path before queries come
-        self.shard = LocalShard(engine)
+        role = "follower" if follow is not None else "reader"
+        index = open_view(engine_settings, role, Remotes(writer=follow, encoder=ENCODED, query_encoder=ENCODED))
+        index.warm_up(settings.engine.warmup_searches)  # the JVM compiles Lucene's search path before queries come
+        self.shard = LocalShard(index)
 
     async def statistics(self, text: str):
         return await asyncio.to_thread(self.shard.statistics, text)
@@ -214,7 +218,7 @@ class SearchReplica:
             if writers:
                 named = [RayTransport(h, f"writer of shard {i}") for i, h in enumerate(writers)]
                 follow = ShardedWriter([RemoteWriter(t, timeout) for t in named])
-        engine = HybridEngine(settings.engine, reranker=remote, follow=follow, shards=sharded)
+        engine = HybridEngine(settings.engine, reranker=remote, remotes=Remotes(writer=follow, shards=sharded))
         return SearchService(settings, engine)
 
     def __serve_build_asgi_app__(self):

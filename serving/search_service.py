@@ -22,14 +22,14 @@ from agents.traces import TraceStore
 from engine.documents import DocumentIn, FacetRequest, QueryRequest, SearchRequest
 from engine.errors import ServiceError
 from engine.health import FailureCount
-from engine.live.writer import DocumentNotFound, Writer, snapshot_unwritten
+from engine.live.writer import DocumentNotFound, snapshot_unwritten
 from engine.rerank.cross_encoder import Scorer
-from engine.retrieval.encoder import QueryEncoder
 from engine.search import Hit, HybridEngine, SearchOptions
+from engine.search.opening import LOCAL, Remotes
 from engine.store.snapshot import SnapshotRefused, default_folder, listing
 from serving.admission import Admission, Overloaded
-from serving.rerank_api import RerankRequest
 from serving.requests import BadRequest, validated
+from serving.rerank_api import RerankRequest
 from serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,22 +67,19 @@ class SearchService:
         settings: Settings,
         engine: HybridEngine | None = None,
         writable: bool = False,
-        follow: Writer | None = None,
         reranker: Scorer | None = None,
-        query_encoder: QueryEncoder | None = None,
+        remotes: Remotes = LOCAL,
     ) -> None:
-        """``follow``: the index's writer in another process, whose checkpoints this engine shows;
-        ``reranker``, ``query_encoder``: in another process (by default the engine loads the index's
-        own)."""
+        """``reranker``: in another process (by default the engine loads the index's own);
+        ``remotes``: what else other processes serve (the index's writer, whose checkpoints this
+        engine then shows; the query encoder)."""
         self.settings = settings
         self.search_request = SearchRequest.limited(settings.serving.max_query_chars)  # what a search may ask here
         # what search_nfcorpus takes: its arguments as the benchmark knows them, no controls
         self.query_request = QueryRequest.limited(settings.serving.max_query_chars)
         started = time.perf_counter()
         self._owns_engine = engine is None
-        self.engine = engine or HybridEngine(
-            settings.engine, writable=writable, reranker=reranker, follow=follow, query_encoder=query_encoder
-        )
+        self.engine = engine or HybridEngine(settings.engine, writable, reranker, remotes)
         searches = settings.engine.warmup_searches if self._owns_engine else 0  # a lent engine is its owner's
         self.warmup = {"searches": searches, "seconds": round(self.engine.warm_up(searches), 2)}
         if searches:
@@ -275,7 +272,8 @@ class SearchService:
         failing = any(f["status"] == "failing" for f in fallbacks.values())
         live = engine.live.status() if engine.live is not None else None
         stuck = live is not None and (live.get("refresh_error") is not None or live.get("reachable") is False)
-        shards = engine.shards.status() if engine.shards is not None else None
+        topology = engine.index.status()
+        shards = topology.get("shards")
         missing = [s["shard"] for s in shards or () if s.get("reachable") is False]
         return {
             "status": "degraded" if failing or stuck or missing else "ok",
@@ -287,7 +285,7 @@ class SearchService:
             **({"shards": shards, "missing_shards": missing} if shards is not None else {}),
             "writable": engine.live is not None,
             **({"live": live} if live is not None else {}),
-            **({"follower": engine.follower.status()} if engine.follower is not None else {}),
+            **({"follower": topology["follower"]} if "follower" in topology else {}),
             "device": engine.device,
             "encoder": engine.manifest.encoder,
             **engine.describe(),
@@ -358,7 +356,9 @@ class _RerankerChannelMetrics:
             sent.add_metric(["received"], counted["bytes_received"])
             yield sent
         yield CounterMetricFamily(
-            "reranker_process_seconds", "Seconds calls spent in the reranker's process", value=counted["process_seconds"]
+            "reranker_process_seconds",
+            "Seconds calls spent in the reranker's process",
+            value=counted["process_seconds"],
         )
 
 

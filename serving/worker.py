@@ -22,6 +22,7 @@ import torch
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
+from engine.search.opening import Remotes
 from serving import telemetry
 from serving.a2a_tasks import WorkerTasks
 from serving.app import build_apps, door_ports, serve_apps
@@ -52,13 +53,9 @@ class WorkerService(SearchService):
             RemoteReranker(process, seat.reranker, settings.engine, timeout_s) if seat.reranker else None
         )
         encoder = (seat.reranker or {}).get("query_encoder")
-        super().__init__(
-            settings,
-            writable=seat.role == "writer",
-            follow=follow,
-            reranker=self.shared_reranker,
-            query_encoder=RemoteQueryEncoder(process, encoder, timeout_s) if encoder else None,
-        )
+        query_encoder = RemoteQueryEncoder(process, encoder, timeout_s) if encoder else None
+        remotes = Remotes(writer=follow, query_encoder=query_encoder)
+        super().__init__(settings, writable=seat.role == "writer", reranker=self.shared_reranker, remotes=remotes)
         self.seat = seat
 
     def health(self) -> dict:

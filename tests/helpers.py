@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 
+from engine.retrieval.protocol import Query, Ranking, Within
 from offline.door_load import a2a_v03_send
 from offline.server_process import CLI, ROOT, free_port
 
@@ -185,3 +187,11 @@ def writable_engine(index_dir: Path, folder: Path):
     target = folder / "live"
     shutil.copytree(index_dir, target)
     return HybridEngine(EngineSettings(index_dir=target, device="cpu", rerank=False), writable=True)
+
+
+def retrieved(
+    retriever, query: str | np.ndarray, k: int, allowed=None, rows=None, exclude: str | None = None
+) -> Ranking:
+    """``retriever``'s top ``k`` for a text or a vector, through its one API (``retrieve``)."""
+    asked = Query(query, None, exclude) if isinstance(query, str) else Query("", query, exclude)
+    return retriever.retrieve(asked, k, Within(allowed=allowed, rows=rows))

@@ -10,7 +10,7 @@ import numpy as np
 
 from benchmarks.bm25_shards import LuceneShard
 from engine.retrieval.lucene import LuceneIndex
-from engine.retrieval.protocol import Query
+from engine.retrieval.protocol import Query, Within
 from engine.shards.bm25 import ShardedBM25
 from engine.shards.fanout import Shards
 from engine.store.index_dir import shard_of
@@ -40,7 +40,7 @@ def test_shards_with_global_statistics_rank_as_one_index(tmp_path) -> None:
         merged = ShardedBM25(Shards([LuceneShard(shard, local) for shard in shards]))
         worst = 0.0
         for query in queries:
-            want, got = whole.search(query, 30), merged.ranked(Query(query, None), 30, None)
+            want, got = whole.retrieve(Query(query, None), 30, Within()), merged.ranked(Query(query, None), 30, None)
             scores = dict(want)
             steps = [abs(s - scores[u]) / np.spacing(np.float32(scores[u])) for u, s in got if u in scores]
             worst = max([worst, *steps])

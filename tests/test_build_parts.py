@@ -18,6 +18,7 @@ from engine.store.index_dir import read_manifest
 from index_build.builder import build_index
 from index_build.settings import BuildSettings
 from index_build.vectors import VectorsError
+from tests.helpers import retrieved
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def _top(index_dir: Path, query: str = "caffeine and the liver") -> list[str]:
 
     engine = HybridEngine(EngineSettings(index_dir=index_dir, device="cpu", rerank=False, fusion="rrf"))
     try:
-        return [d for d, _ in engine.dense.search(engine.dense.encode_query(query), 8)]
+        return [d for d, _ in retrieved(engine.dense, engine.dense.encode_query(query), 8)]
     finally:
         engine.close()
 
@@ -198,14 +199,14 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
         )
         engine.live.refresh()
         vector = engine.dense.encode_query("zanzibar clove harvest")
-        assert engine.dense.search(vector, 1)[0][0] == "new-1#c1"  # in the inverted file, found by the probes
+        assert retrieved(engine.dense, vector, 1)[0][0] == "new-1#c1"  # in the inverted file, found by the probes
         assert "new-1" in {h.document_id for h in engine.search("zanzibar clove harvest", 3)}
         # a filter's rows outside the probed lists are found all the same
         from engine.retrieval.protocol import Rows
 
         engine.dense.segments.ivf.nprobe = 1
         allowed = [row for row, unit in engine.dense.units.pairs() if not unit.startswith("D-coffee")][:9]
-        within = engine.dense.search(vector, 20, Rows(np.asarray(allowed)))
+        within = retrieved(engine.dense, vector, 20, rows=Rows(np.asarray(allowed)))
         assert sorted(engine.dense.units.get(u) for u, _ in within) == sorted(allowed)
         gone = engine.search("caffeine and the liver", 1)[0].document_id
         engine.live.delete(gone, wait=True)

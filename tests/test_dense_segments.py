@@ -10,6 +10,7 @@ import pytest
 
 from engine.settings import EngineSettings
 from index_build.settings import BuildSettings
+from tests.helpers import retrieved
 
 QUERIES = ["caffeine and the liver", "zanzibar clove harvest", "soy isoflavones and prostate cancer", "coffee"]
 
@@ -22,7 +23,7 @@ def _engine(index_dir: Path, **kwargs):
 
 def _answers(engine) -> dict[str, list[tuple[str, float]]]:
     return {
-        q: [(unit, round(score, 4)) for unit, score in engine.dense.search(engine.dense.encode_query(q), 12)]
+        q: [(unit, round(score, 4)) for unit, score in retrieved(engine.dense, engine.dense.encode_query(q), 12)]
         for q in QUERIES
     }
 
@@ -123,7 +124,7 @@ os._exit(0)  # no checkpoint: the next start replays the log
         assert writer.live.recovery["records"] == 2
         hits = writer.search("caffeine and the liver", 20)
         assert gone not in {h.document_id for h in hits}
-        top = writer.dense.search(writer.dense.encode_query("quokka marsupial diet"), 1)[0][0]
+        top = retrieved(writer.dense, writer.dense.encode_query("quokka marsupial diet"), 1)[0][0]
         assert top.startswith(f"{replaced}#")
         assert len(writer.dense.units) == writer.bm25.documents
     finally:

@@ -8,6 +8,7 @@ from engine.rerank.cross_encoder import Reranker, RerankerError
 from engine.search import HybridEngine
 from engine.settings import EngineSettings
 from engine.store.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
+from tests.helpers import retrieved
 
 
 def test_manifest_records_the_build(index_dir, beir_dir):
@@ -20,13 +21,13 @@ def test_manifest_records_the_build(index_dir, beir_dir):
 
 
 def test_bm25_ranks_the_document_with_the_rare_term_first(engine):
-    hits = engine.bm25.search("markerarsenic2 rice", 5)
+    hits = retrieved(engine.bm25, "markerarsenic2 rice", 5)
     assert hits[0][0] == "D-arsenic-2"
     assert hits[0][1] > hits[1][1]
 
 
 def test_dense_finds_the_topic(engine):
-    top = [d for d, _ in engine.dense.search(engine.dense.encode_query("caffeine and the liver"), 4)]
+    top = [d for d, _ in retrieved(engine.dense, engine.dense.encode_query("caffeine and the liver"), 4)]
     assert sum(d.startswith("D-coffee") for d in top) >= 3
 
 
@@ -52,11 +53,13 @@ def test_judgment_memory_votes_with_training_judgments(engine, index_dir):
     assert read_manifest(index_dir).memory == {"split": "train", "queries": 8}
     # the tiny dataset's training query for soy is "prostate and cancer effects"; it judged
     # D-soy-0 with grade 2 and D-soy-1 with grade 1
-    votes = engine.memory.search(engine.dense.encode_query("prostate and cancer effects"), 10)
+    votes = retrieved(engine.memory, engine.dense.encode_query("prostate and cancer effects"), 10)
     assert [d for d, _ in votes[:2]] == ["D-soy-0", "D-soy-1"]
     assert votes[0][1] == pytest.approx(2 * votes[1][1])
     assert all(d.endswith(("-0", "-1")) for d, _ in votes)  # only judged documents get votes
-    left_out = engine.memory.search(engine.dense.encode_query("prostate and cancer effects"), 10, exclude="Q-train-soy")
+    left_out = retrieved(
+        engine.memory, engine.dense.encode_query("prostate and cancer effects"), 10, exclude="Q-train-soy"
+    )
     assert "D-soy-0" not in [d for d, _ in left_out]  # only its own judgments named it
     hits = engine.search("prostate and cancer effects", 3)
     assert hits[0].found.get("memory", (None,))[0] == 1 or any(h.doc_id == "D-soy-0" for h in hits)

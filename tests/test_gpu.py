@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.helpers import retrieved
+
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]
 
@@ -44,7 +46,9 @@ def test_one_pass_replayed_from_cuda_graphs_scores_as_the_split_passes(reranker_
     assert graphs.backend.passes_state.startswith("graphs: "), graphs.backend.passes_state
     split = Reranker(reranker_dir, "cuda", max_length=128)
     split.backend.passes = None
-    assert graphs.score("caffeine and the liver", docs) == pytest.approx(split.score("caffeine and the liver", docs), abs=2e-3)
+    assert graphs.score("caffeine and the liver", docs) == pytest.approx(
+        split.score("caffeine and the liver", docs), abs=2e-3
+    )
 
 
 def test_a_compile_that_fails_leaves_the_reranker_eager_and_says_why(reranker_dir, beir_dir, tmp_path):
@@ -84,7 +88,7 @@ def test_dense_search_runs_on_the_gpu_and_finds_what_the_cpu_finds(index_dir):
     cpu = HybridEngine(EngineSettings(index_dir=index_dir, rerank=False, device="cpu"))
     assert gpu.dense.backend in ("faiss-gpu", "torch-cuda")
     query = "caffeine and the liver"
-    top = [[d for d, _ in e.dense.search(e.dense.encode_query(query), 5)] for e in (gpu, cpu)]
+    top = [[d for d, _ in retrieved(e.dense, e.dense.encode_query(query), 5)] for e in (gpu, cpu)]
     assert top[0][:3] == top[1][:3]  # fp16 may swap near-ties further down
 
 

@@ -78,11 +78,12 @@ def test_the_cut_jar_holds_every_class_the_bm25_index_loads(tmp_path):
     """The GPU machine's only jar: a fresh JVM on it indexes, searches and filters."""
     script = f"""
 from engine.retrieval.lucene import LuceneIndex
+from engine.retrieval.protocol import Query, Within
 index = LuceneIndex({str(tmp_path / "bm25")!r}, writable=True, create=True)
 index.add("a", [("a-1", "soy milk"), ("a-2", "soy beans")])
 index.refresh()
-assert [u for u, _ in index.search("soy", 5)] == ["a-1", "a-2"]
-assert [u for u, _ in index.search("soy", 5, {{"a-2"}})] == ["a-2"]
+assert [u for u, _ in index.retrieve(Query("soy", None), 5, Within())] == ["a-1", "a-2"]
+assert [u for u, _ in index.retrieve(Query("soy", None), 5, Within(allowed={{"a-2"}}))] == ["a-2"]
 index.close()
 """
     env = {**os.environ, "HYBRID_SEARCH_ANSERINI_JAR": str(cut_jar(tmp_path / "anserini-lucene.jar"))}

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from engine.search.opening import Remotes
 from engine.settings import EngineSettings
 from offline.server_process import CLI, ROOT, free_port, serve_args, start_server, stop_server
 
@@ -90,7 +91,7 @@ def test_filters_act_inside_retrieval_and_deletes_never_return(live_dir):
         assert {h.document_id for h in by_id} == {"n1", "n2"} and len(by_id) == 4
         assert engine.search("kiwi orchard", 5, Filters(document_types=["none-such"])) == []
         rare = Filters(document_types=["rare"])
-        assert engine.allowed(rare) is engine.allowed(rare)  # a repeated filter's chunks are kept...
+        assert engine.index.allowed(rare) is engine.index.allowed(rare)  # a repeated filter's chunks are kept...
         engine.live.upsert(DocumentIn.model_validate(_doc("n99", "kiwi orchard pruning note 99", document_type="rare")))
         engine.live.refresh()  # ...until the store changes
         assert "n99" in {h.document_id for h in engine.search("kiwi orchard pruning", 10, rare)}
@@ -469,7 +470,9 @@ def test_a_follower_answers_whole_when_the_store_moved_ahead_of_its_view(live_di
     writer = HybridEngine(
         EngineSettings(index_dir=live_dir, device="cpu", rerank=False, checkpoint_bytes=1 << 40), writable=True
     )
-    follower = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), follow=writer.live)
+    follower = HybridEngine(
+        EngineSettings(index_dir=live_dir, device="cpu", rerank=False), remotes=Remotes(writer=writer.live)
+    )
     try:
         top = follower.search("caffeine and the liver", 3)
         writer.live.delete(top[0].document_id, wait=True)  # no checkpoint: the follower's view keeps it
@@ -487,7 +490,9 @@ def test_a_follower_shows_each_published_write_from_the_log_not_a_rewritten_inde
     from engine.search import HybridEngine
 
     writer = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False, followed=True), writable=True)
-    follower = HybridEngine(EngineSettings(index_dir=live_dir, device="cpu", rerank=False), follow=writer.live)
+    follower = HybridEngine(
+        EngineSettings(index_dir=live_dir, device="cpu", rerank=False), remotes=Remotes(writer=writer.live)
+    )
     try:
         dense_files = sorted(live_dir.glob("dense*.faiss"))
         writer.live.upsert(DocumentIn.model_validate(_doc("f1", "quokka marsupial diet")), wait=True)
@@ -497,15 +502,15 @@ def test_a_follower_shows_each_published_write_from_the_log_not_a_rewritten_inde
         # replaced whole: no chunk of the old text is left (f1's new chunks may still rank in a 34-chunk corpus)
         assert all("quokka" not in h.text for h in follower.search("quokka marsupial diet", 5))
         assert sorted(live_dir.glob("dense*.faiss")) == dense_files  # no dense index written for them
-        assert follower.follower.status()["applied_from_log"] == 2
+        assert follower.index.follower.status()["applied_from_log"] == 2
 
         base = follower.dense.segments.base
-        follower.follower.close()  # its own thread stopped: searches alone catch it up now
+        follower.index.follower.close()  # its own thread stopped: searches alone catch it up now
         writer.live.delete("f1", wait=True)
         written = writer.live.checkpoint()  # the log emptied past the follower's position
         assert not written["dense_merged"] and sorted(live_dir.glob("dense*.faiss")) == dense_files
         assert all(h.document_id != "f1" for h in follower.search("wombat burrow digging", 5))
-        assert follower.follower.status()["checkpoint"] == written["seq"] == writer.live.seq
+        assert follower.index.follower.status()["checkpoint"] == written["seq"] == writer.live.seq
         assert follower.dense.segments.base is base  # the checkpoint's writes read; the shared base kept mapped
         # its names carried over and the changed rows looked up: the store's whole map, as read afresh
         assert sorted(follower.dense.units.pairs()) == sorted(follower.store.unit_map().pairs())

@@ -12,6 +12,7 @@ import pytest
 
 from engine.retrieval.lucene import IndexClosedError, LuceneIndex
 from offline.server_process import ROOT
+from tests.helpers import retrieved
 
 UNITS = 40
 
@@ -43,7 +44,7 @@ def index(tmp_path):
 
 
 def test_ties_are_broken_by_id_and_a_filter_keeps_the_ranking(index):
-    hits = index.search("common beta", UNITS)
+    hits = retrieved(index, "common beta", UNITS)
     assert len(hits) == UNITS
     assert hits == sorted(hits, key=lambda hit: (-hit[1], hit[0]))  # ties by id, whatever the docid order
     groups = {}
@@ -51,19 +52,19 @@ def test_ties_are_broken_by_id_and_a_filter_keeps_the_ranking(index):
         groups.setdefault(score, []).append(unit)
     assert sorted(map(len, groups.values())) == [10, 10, 10, 10]  # ties were there to break
     allowed = {f"d-{i:02d}" for i in range(0, UNITS, 3)}
-    assert index.search("common beta", 5, allowed) == [hit for hit in hits if hit[0] in allowed][:5]
-    assert index.search("common beta", 5, set()) == []
+    assert retrieved(index, "common beta", 5, allowed) == [hit for hit in hits if hit[0] in allowed][:5]
+    assert retrieved(index, "common beta", 5, set()) == []
 
 
 def test_a_wide_filter_read_off_the_ranking_finds_what_the_filtered_query_does(index):
     queries = ("common beta", "alpha7 alpha12 beta", "gen0 alpha3")
     allowed_sets = [{f"d-{i:02d}" for i in range(UNITS) if i % m == r} for m, r in ((2, 0), (3, 1), (13, 5))]
-    as_terms = {(q, i): index.search(q, 6, allowed) for q in queries for i, allowed in enumerate(allowed_sets)}
+    as_terms = {(q, i): retrieved(index, q, 6, allowed) for q in queries for i, allowed in enumerate(allowed_sets)}
     index.filter_terms = 0  # every filter is wide now: read off the unfiltered ranking
     for depth in (20_000, 6):  # deep enough, then so shallow that it falls back to the terms
         index.filter_depth = depth
         for (query, i), expected in as_terms.items():
-            assert index.search(query, 6, allowed_sets[i]) == expected, (query, i, depth)
+            assert retrieved(index, query, 6, allowed_sets[i]) == expected, (query, i, depth)
 
 
 def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_path):
@@ -111,7 +112,7 @@ def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_pat
             assert index._clauses(f) is not None  # searched through the fields, not the ids
             live = Allowed({unit: row for row, unit in enumerate(sorted(allowed))})
             through_fields = index.retrieve(query, 7, Within(live, allowed, None, f))
-            assert through_fields == index.search(query.text, 7, allowed) and through_fields, f
+            assert through_fields == retrieved(index, query.text, 7, allowed) and through_fields, f
         other_key = Filters(source=3)  # a metadata key Lucene does not hold: the allowed ids
         assert index._clauses(other_key) is None
         found = index.retrieve(query, 5, Within(Allowed({"d-03": 3}), {"d-03"}, None, other_key))
@@ -127,13 +128,13 @@ def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_pat
 
 def test_filtered_searches_side_by_side_keep_their_own_filters(index):
     """Each thread's filter is its own (pyjnius once let threads swap the objects they called)."""
-    expected = {r: index.search("common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) for r in range(4)}
+    expected = {r: retrieved(index, "common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) for r in range(4)}
     turn = iter(range(1000))
 
     def search() -> None:
         r = next(turn) % 4
         for _ in range(60):
-            assert index.search("common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) == expected[r]
+            assert retrieved(index, "common beta", 8, {f"d-{i:02d}" for i in range(r, UNITS, 4)}) == expected[r]
 
     _run(4, search)
 
@@ -141,13 +142,13 @@ def test_filtered_searches_side_by_side_keep_their_own_filters(index):
 def test_two_indexes_searched_side_by_side_answer_from_their_own(index, tmp_path):
     other = _make(tmp_path / "other", prefix="e")
     try:
-        expected = {ix: ix.search("common alpha3", 10) for ix in (index, other)}
+        expected = {ix: retrieved(ix, "common alpha3", 10) for ix in (index, other)}
         turn = iter(range(1000))
 
         def search() -> None:
             mine = (index, other)[next(turn) % 2]
             for _ in range(100):
-                assert mine.search("common alpha3", 10) == expected[mine]
+                assert retrieved(mine, "common alpha3", 10) == expected[mine]
 
         _run(4, search)
     finally:
@@ -169,10 +170,10 @@ def test_searches_see_whole_documents_while_another_thread_writes_and_refreshes(
     def search() -> None:
         try:
             while not stop.is_set():
-                hits = index.search("common", UNITS + 5)
+                hits = retrieved(index, "common", UNITS + 5)
                 assert {unit for unit, _ in hits} == ids and len(hits) == UNITS  # replaced whole, never twice
-                assert index.search("alpha5", 3)[0][0] == "d-05"
-                assert {unit for unit, _ in index.search("common", 10, {"d-01", "d-02"})} == {"d-01", "d-02"}
+                assert retrieved(index, "alpha5", 3)[0][0] == "d-05"
+                assert {unit for unit, _ in retrieved(index, "common", 10, {"d-01", "d-02"})} == {"d-01", "d-02"}
         except BaseException as exc:
             errors.append(exc)
             raise
@@ -183,7 +184,7 @@ def test_searches_see_whole_documents_while_another_thread_writes_and_refreshes(
     writer.join()
     assert not errors
     index.refresh()
-    assert index.search("gen60", 1)[0][0] == f"d-{60 % UNITS:02d}"
+    assert retrieved(index, "gen60", 1)[0][0] == f"d-{60 % UNITS:02d}"
     assert index.documents == UNITS
 
 
@@ -195,7 +196,7 @@ def test_close_waits_for_searches_in_flight_and_later_ones_fail_clearly(tmp_path
         started.wait()
         try:
             while True:
-                assert len(index.search("common beta", UNITS)) == UNITS
+                assert len(retrieved(index, "common beta", UNITS)) == UNITS
         except IndexClosedError:
             outcomes.append("closed")
 
@@ -208,7 +209,7 @@ def test_close_waits_for_searches_in_flight_and_later_ones_fail_clearly(tmp_path
         thread.join()
     assert outcomes == ["closed"] * 3  # no Java error from a reader closed under a search
     with pytest.raises(IndexClosedError, match="closed"):
-        index.search("common", 3)
+        retrieved(index, "common", 3)
     with pytest.raises(IndexClosedError):
         index.refresh()
     index.close()  # twice is harmless

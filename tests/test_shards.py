@@ -146,6 +146,7 @@ def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(shard
     import os
 
     from engine.search import HybridEngine
+    from engine.search.opening import Remotes, open_view
     from engine.search.shard import LocalShard
     from engine.shards.fanout import ShardUnavailable
     from engine.shards.opened import shard_settings
@@ -156,28 +157,28 @@ def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(shard
     settings = EngineSettings(index_dir=sharded_dir, device="cpu", rerank=False)
     channel = Channel(tmp_path, os.urandom(32))
     methods = ("statistics", "bm25", "dense", "chunks", "similarity", "holding", "document", "sample", "size")
-    local = [LocalShard(HybridEngine(shard_settings(settings, sharded_dir, i))) for i in range(SHARDS)]
+    local = [LocalShard(open_view(shard_settings(settings, sharded_dir, i))) for i in range(SHARDS)]
     servers = [ChannelServer(channel, i, {m: getattr(s, m) for m in methods}) for i, s in enumerate(local)]
     transports = [ChannelTransport(channel, i, f"shard {i}") for i in range(SHARDS)]
     here = HybridEngine(settings)
     try:
         for partial in (True, False):
-            remote = HybridEngine(settings, shards=RemoteShards(transports, 5, partial))
+            remote = HybridEngine(settings, remotes=Remotes(shards=RemoteShards(transports, 5, partial)))
             for query in QUERIES:
                 assert [(h.doc_id, h.score) for h in remote.search(query, 5)] == [
                     (h.doc_id, h.score) for h in here.search(query, 5)
                 ]
             remote.close()
         servers[1].close(5)
-        partial = HybridEngine(settings, shards=RemoteShards(transports, 5, True))
+        partial = HybridEngine(settings, remotes=Remotes(shards=RemoteShards(transports, 5, True)))
         hits = partial.search("soy and breast cancer", 8)
         assert hits.missing_shards == [1] and hits
         assert all(shard_of(h.document_id, SHARDS) != 1 for h in hits)
-        assert [s.get("reachable", True) for s in partial.shards.status()] == [True, False, True]
+        assert [s.get("reachable", True) for s in partial.index.shards.status()] == [True, False, True]
         on_one = next(f"D-soy-{i}" for i in range(99) if shard_of(f"D-soy-{i}", SHARDS) == 1)
         with pytest.raises(ShardUnavailable):  # its document: unknown now, not "not found"
             partial.store.document(on_one)
-        whole = HybridEngine(settings, shards=RemoteShards(transports, 5, False))
+        whole = HybridEngine(settings, remotes=Remotes(shards=RemoteShards(transports, 5, False)))
         with pytest.raises(ShardUnavailable, match="shard 1") as failed:
             whole.search("soy and breast cancer", 8)
         assert failed.value.status == 503 and failed.value.headers["Retry-After"]

@@ -148,9 +148,11 @@ class DenseRetriever:
         """The query's (1, dim) embedding."""
         return self.query_encoder(query)
 
-    def search(self, vector: np.ndarray, k: int, allowed_rows: Rows | None = None) -> list[tuple[str, float]]:
-        """Top ``k`` (unit id, cosine similarity) for an encoded query, best first; ``allowed_rows``
-        restricts the search itself (a FAISS id selector), so a narrow filter still fills ``k``."""
+    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
+        """:class:`~engine.retrieval.protocol.Retriever`: the top ``k`` (unit id, cosine similarity)
+        by the query's vector, best first; a filter's ``within.rows`` restrict the search itself (a
+        FAISS id selector), so a narrow filter still fills ``k``."""
+        vector, allowed_rows = query.vector, within.rows
         segments = self.segments
         if allowed_rows is None:
             if not self.units:  # an empty index (`init`): FAISS refuses k = 0
@@ -166,10 +168,6 @@ class DenseRetriever:
             scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), nprobe)
         found = rows >= 0
         return list(zip(self.units.names(rows[found]), scores[found].tolist(), strict=True))
-
-    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
-        """:class:`~engine.retrieval.protocol.Retriever`: by the query's vector, a filter by its rows."""
-        return self.search(query.vector, k, within.rows)
 
     def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
         """An inverted file probes a few lists, and a filter's rows are mostly in others: a few

@@ -231,12 +231,6 @@ class LuceneIndex:
         with _calls:
             view.reader.decRef()
 
-    def search(self, query: str, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
-        """Top ``k`` (unit id, BM25 score), best first, ties by id; ``allowed`` (unit ids): only
-        those. A few ids filter inside Lucene (a term each); many are read off the unfiltered
-        ranking, further down until ``k`` of them are found (:meth:`_ranked_within`)."""
-        return self._search_bag(self._bag(query), k, allowed)
-
     def _search_bag(
         self, bag, k: int, allowed: Collection[str] | None, average: float | None = None
     ) -> list[tuple[str, float]]:
@@ -254,9 +248,12 @@ class LuceneIndex:
         weighted: Sequence[tuple[str, float]] | None = None,
         average: float | None = None,
     ) -> Ranking:
-        """:class:`~engine.retrieval.protocol.Retriever`: by the query's text, within the filter
-        through this index's own fields when they hold it, only live chunks (Lucene's view lags the
-        store's when its refresh failed). A shard (:class:`engine.shards.bm25.ShardedBM25`) is
+        """:class:`~engine.retrieval.protocol.Retriever`: the top ``k`` (unit id, BM25 score) by the
+        query's text, best first, ties by id; within the filter through this index's own fields
+        when they hold it, else within ``within.allowed`` (a few ids filter inside Lucene, a term
+        each; many are read off the unfiltered ranking, further down until ``k`` of them are found:
+        :meth:`_ranked_within`); only live chunks (Lucene's view lags the store's when its refresh
+        failed). A shard (:class:`engine.shards.bm25.ShardedBM25`) is
         given its query's terms ``weighted`` as the whole corpus weighs them, in place of its text,
         and the corpus's ``average`` length to normalise lengths by (:meth:`_lengths_matched`)."""
         bag = self._bag(query.text, weighted)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.retrieval.protocol import Live, Query, Ranking, Within
+from engine.retrieval.protocol import Query, Ranking, Within
 from engine.store.tokens import TextTokenizer, TokenTable
 
 log = logging.getLogger(__name__)
@@ -74,21 +74,16 @@ class JudgmentMemory:
         self._voted = [np.array([position[d] for d in judged], dtype=np.int64) for judged in self.judgments]
         self._grades = [np.array(list(judged.values()), dtype=np.float64) for judged in self.judgments]
 
-    def search(
-        self,
-        vector: np.ndarray,
-        k: int,
-        exclude: str | None = None,
-        allowed: Live | None = None,
-        neighbors: int | None = None,
-    ) -> list[tuple[str, float]]:
-        """Top ``k`` (doc id, vote), best first; ties by doc id. Only documents in ``allowed`` (the
-        index's live documents, or a filter's) get votes, so a deleted document never returns here.
+    def retrieve(self, query: Query, k: int, within: Within, neighbors: int | None = None) -> Ranking:
+        """:class:`~engine.retrieval.protocol.Retriever`: the top ``k`` (doc id, vote) by the query's
+        vector, best first, ties by doc id. Only documents ``within.live`` holds (the index's live
+        documents, or a filter's) get votes, so a deleted document never returns here.
 
-        ``exclude`` leaves one training query out, so features computed for a training query do
-        not see its own judgments (used when learning on the training split). ``neighbors``: how
+        ``query.exclude`` leaves one training query out, so features computed for a training query
+        do not see its own judgments (used when learning on the training split). ``neighbors``: how
         many training queries vote (default: the memory's own).
         """
+        vector, exclude, allowed = query.vector, query.exclude, within.live
         sims = self.vectors @ vector.reshape(-1)
         if exclude is not None and exclude in self._rows:
             sims[self._rows[exclude]] = -1.0
@@ -105,16 +100,11 @@ class JudgmentMemory:
         best = found[np.lexsort((found, -votes[found]))][:k]  # by vote, ties by id
         return [(self._docs[i], float(votes[i])) for i in best]
 
-    def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
-        """:class:`~engine.retrieval.protocol.Retriever`: votes by the query's vector, only for the
-        chunks the search may return."""
-        return self.search(query.vector, k, query.exclude, within.live)
-
     def cited_for(self, vector: np.ndarray, doc_id: str, n: int, exclude: str | None = None) -> str:
         """The training queries that judged ``doc_id`` relevant, the ``n`` most similar to ``vector``
         first, as a prefix for the document's text: what a memory-aware reranker reads, so that it
         can judge for itself whether those queries ask what this one asks. ``exclude`` leaves a
-        training query out, as :meth:`search` does."""
+        training query out, as :meth:`retrieve` does."""
         return self.cited_text(self.cited_rows(vector, doc_id, n, exclude))
 
     def cited_rows(self, vector: np.ndarray, doc_id: str, n: int, exclude: str | None = None) -> np.ndarray:

@@ -69,14 +69,27 @@ def live_only(ranking: Ranking, live: Live) -> Ranking:
     return [hit for hit, kept in zip(ranking, keep, strict=True) if kept]
 
 
+class _Everything:
+    """Every chunk: what a retriever asked alone, outside an engine's view, may return."""
+
+    def __contains__(self, unit: object) -> bool:
+        return True
+
+    def contains(self, units: Sequence[str]) -> np.ndarray:
+        return np.ones(len(units), dtype=bool)
+
+
+EVERYTHING: Live = _Everything()
+
+
 @dataclass(frozen=True)
 class Within:
     """What a search may return: ``live`` (a filter's chunks, else every chunk the engine's view
-    holds); a filter's chunks again as ``allowed`` (None: no filter) for a retriever that searches
-    within them itself, as store ``rows`` for FAISS's selector, and the ``filters`` themselves for
-    one that holds the filtered fields (Lucene)."""
+    holds; by default anything the retriever holds); a filter's chunks again as ``allowed`` (None:
+    no filter) for a retriever that searches within them itself, as store ``rows`` for FAISS's
+    selector, and the ``filters`` themselves for one that holds the filtered fields (Lucene)."""
 
-    live: Live
+    live: Live = EVERYTHING
     allowed: Collection[str] | None = None
     rows: Rows | None = None
     filters: Filters | None = None

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import re
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -26,33 +24,24 @@ from engine.rerank.cross_encoder import PairScorer, RerankerError, Scorer
 from engine.rerank.loading import open_reranker
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.dense import DenseRetriever
-from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_encoder, pick_device
+from engine.retrieval.encoder import pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.memory import JudgmentMemory
 from engine.retrieval.protocol import Ranking, Retriever
 from engine.search import stages
-from engine.search.allowed import AllowedSets
 from engine.search.controls import search_options
 from engine.search.groups import by_document
 from engine.search.highlights import SentenceVectors, highlights
+from engine.search.opening import LOCAL, OpenIndex, Remotes, open_view
 from engine.search.pages import Pins
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult, make_hits
-from engine.search.shard import LocalShard
 from engine.settings import EngineSettings
-from engine.shards.fanout import Shards
-from engine.shards.opened import shard_settings, sharded_view
-from engine.shards.writes import ShardedWriter
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
     ADAPT_DIR,
-    BM25_DIR,
-    DOCS_FILE,
     FUSION_DIR,
     MEMORY_DIR,
-    IndexDirError,
     Manifest,
-    latest_dense,
-    read_manifest,
 )
 
 if TYPE_CHECKING:
@@ -64,10 +53,11 @@ log = logging.getLogger(__name__)
 
 
 class HybridEngine:
-    """Loads an index directory once; ``search`` is thread-safe and deterministic.
+    """An opened index (:func:`~engine.search.opening.open_view`) with what a search runs over it:
+    the judgment memory, fusion and the reranker; ``search`` is thread-safe and deterministic.
 
-    ``writable`` opens it as its one writer (``self.live``, a :class:`LiveIndex`): documents can
-    then be added, replaced and deleted while it serves. A read-only engine refuses an index with
+    ``writable`` opens the index as its one writer (``self.live``, a :class:`LiveIndex`): documents
+    can then be added, replaced and deleted while it serves. A read-only engine refuses an index with
     writes still in its log, since it could not show them.
     """
 
@@ -76,86 +66,19 @@ class HybridEngine:
         settings: EngineSettings,
         writable: bool = False,
         reranker: Scorer | None = None,
-        follow: Writer | None = None,
-        query_encoder: QueryEncoder | None = None,
-        encoder=None,
-        shards: Shards | None = None,
+        remotes: Remotes = LOCAL,
     ) -> None:
-        """``reranker``: one served elsewhere (a Ray deployment); by default the index's own is loaded.
-        ``query_encoder``: one served elsewhere (the process owning the GPU); by default the index's
-        encoder on ``retrieval_device``.
-        ``encoder``: the index's bi-encoder, already loaded (a sharded index's shards share the top's).
-        ``shards``: a sharded index's shards, served elsewhere (Ray deployments); by default opened here.
-        Such an engine takes its writes through ``follow`` (the shards' writers), as the shards show them;
-        a sharded index opened here ``writable`` writes each document in its shard's engine.
-        ``follow``: the index's writer in another process; this read-only engine takes its writes
-        there (``self.live``) and shows its checkpoints (:class:`Follower`)."""
-        from engine.live.follower import Follower
-        from engine.live.locks import claim_writer
-        from engine.live.view import IndexView
-        from engine.live.writer import LiveIndex
-
+        """``reranker``: one served elsewhere (a Ray deployment) or shared by several indexes; by
+        default the index's own is loaded. ``remotes``: what other processes serve (the index's
+        writer, which makes this engine its follower, a sharded index's shards) and models already
+        loaded (:class:`~engine.search.opening.Remotes`)."""
         self.settings = settings
-        index_dir = Path(settings.index_dir)
-        self.manifest: Manifest = read_manifest(index_dir)
-        if self.manifest.shards and follow is not None and shards is None:
-            raise IndexDirError(
-                f"{index_dir}: an index in {self.manifest.shards} shards is served by one process (`serve`) or on"
-                " Ray (`serve --ray`), not by `serve --workers N`"
-            )
-        writer_lock = (
-            claim_writer(index_dir) if writable and not self.manifest.shards else None
-        )  # a shard claims its own
+        role = "writer" if writable else "follower" if remotes.writer is not None else "reader"
+        self.index: OpenIndex = open_view(settings, role, remotes)
+        self.manifest: Manifest = self.index.manifest
         self.device = pick_device(settings.device)
-        self.retrieval_device = retrieval_device = (
-            self.device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
-        )
-        encoder = encoder or load_encoder(self.manifest.encoder, retrieval_device)
-        query_encoder = query_encoder or load_query_encoder(
-            encoder,
-            self.manifest.encoder,
-            retrieval_device,
-            settings.query_encoder_runtime,
-            settings.query_encoder_quantize,
-        )
-        if self.manifest.shards:
-            if shards is None:  # each shard's engine here, sharing this one's encoders
-                shards = Shards([LocalShard(engine) for engine in self._open_shards(writable, encoder, query_encoder)])
-            backend = shards.shards[0].engine.dense.backend if isinstance(shards.shards[0], LocalShard) else "remote"
-            self.view: IndexView = sharded_view(index_dir, self.manifest, shards, encoder, query_encoder, backend)
-            self.allowed = self.view.dense.allowed  # each shard filters its own chunks
-            self.shards: Shards | None = self.view.dense.shards
-        else:
-            store = DocStore(index_dir / DOCS_FILE)
-            bm25 = LuceneIndex(
-                index_dir / BM25_DIR, settings.bm25_k1, settings.bm25_b, writable, fields=self.manifest.bm25_fields
-            )
-            checkpoint = latest_dense(index_dir)
-            dense = DenseRetriever(checkpoint, encoder, query_encoder, settings.hnsw_ef_search, retrieval_device)
-            self.view = IndexView(index_dir, self.manifest, store, bm25, dense, settings.encode_batch_size)
-            self.allowed = AllowedSets(store)  # a filter's chunks, kept per store version
-            self.shards = None
-        dense = self.view.dense
-        if writable and not self.manifest.shards and not dense.accepts_deletes:  # a shard checks its own
-            raise IndexDirError(
-                f"{index_dir}: a {self.manifest.dense_index} dense index cannot drop vectors, so it takes no live"
-                " writes; rebuild with --dense-index flat, or rebuild after changing the corpus"
-            )
-        self.live: LiveIndex | Writer | None = None
-        self.follower: Follower | None = None
-        if writable and self.shards is not None:  # each shard's engine writes its own
-            self.live = ShardedWriter([shard.engine.live for shard in self.shards.shards])
-        elif writable:
-            self.live = LiveIndex(
-                self.view, writer_lock, settings.refresh_interval_s, settings.checkpoint_bytes, settings.followed
-            )
-        elif follow is not None and self.manifest.shards:  # each shard follows its own writer
-            self.live = follow
-        elif follow is not None:
-            self.live, self.follower = follow, Follower(self.view)
-        elif not self.manifest.shards:  # a shard's are checked as it opens
-            self.view.check_settled(checkpoint.seq)
-            self.view.bind_units()
+        self.retrieval_device = self.index.retrieval_device
+        index_dir = Path(settings.index_dir)
         self.memory = self._load_memory(index_dir)
         self.registered: dict[str, Retriever] = {}  # retrievers added beside the index's own (register)
         self.fusion = self._load_fusion(index_dir / FUSION_DIR)
@@ -170,21 +93,16 @@ class HybridEngine:
         self.pins = Pins(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)  # rankings, for pages
         self.sentences = SentenceVectors()  # each highlighted chunk's sentence vectors, kept
 
-    def _open_shards(self, writable: bool, encoder, query_encoder) -> list[HybridEngine]:
-        """Every shard's engine; those opened are closed again when one cannot open (its writer's lock
-        and threads would otherwise outlive the failure)."""
-        engines: list[HybridEngine] = []
-        try:
-            for i in range(self.manifest.shards):
-                shard = shard_settings(self.settings, Path(self.settings.index_dir), i)
-                engines.append(HybridEngine(shard, writable, encoder=encoder, query_encoder=query_encoder))
-        except BaseException:
-            for engine in engines:
-                engine.close()
-            raise
-        return engines
-
     # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)
+    @property
+    def view(self) -> IndexView:
+        return self.index.view
+
+    @property
+    def live(self) -> LiveIndex | Writer | None:
+        """Who takes this index's writes (None: read-only)."""
+        return self.index.live
+
     @property
     def store(self) -> DocStore:
         return self.view.store
@@ -224,12 +142,7 @@ class HybridEngine:
 
     def close(self) -> None:
         """Checkpoint live writes (if any) and release the index."""
-        if self.live is not None and self.follower is None:  # a follower's writer is another's: it closes itself
-            self.live.close()
-        if self.follower is not None:
-            self.follower.close()
-        self.bm25.close()
-        self.store.close()
+        self.index.close()
 
     def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:
         if not self.settings.memory or not (index_dir / MEMORY_DIR).is_dir():
@@ -299,7 +212,7 @@ class HybridEngine:
         tokenizer = reranker.text_tokens if isinstance(reranker, PairScorer) else None
         if tokenizer is None:
             return None
-        if self.shards is not None and tokenizer.recipe != self.manifest.passage_tokens:
+        if self.index.shards is not None and tokenizer.recipe != self.manifest.passage_tokens:
             return None  # a sharded store's ids are the build's tokenizer's; others tokenize the texts they read
         key = (tokenizer.fingerprint, reranker.memory_context > 0)
         with self._pair_inputs_lock:
@@ -371,21 +284,8 @@ class HybridEngine:
         return stages.passages(self, query, doc_ids, context, vector, exclude, chunks)[0]
 
     def warm_up(self, searches: int) -> float:
-        """Run ``searches`` BM25 searches on short snippets of the store's own chunks, discarding the
-        hits, and return the seconds it took. A JVM compiles a method with its optimising compiler only
-        after thousands of calls, and that compiler's thread spends CPU beside the searches meanwhile:
-        served cold, the first ~2,000 queries each paid for it (docs/experiments.md). A sharded
-        index's search calls Lucene once a shard: as many Lucene searches take that many fewer."""
-        started = time.perf_counter()
-        if self.shards is not None:
-            searches //= len(self.shards)
-        chunks = self.store.sample(min(searches, 2000)) if searches else []
-        draw = random.Random(0)
-        for i in range(searches if chunks else 0):
-            words = chunks[i % len(chunks)].contents.split()
-            start = draw.randrange(max(1, len(words) - 8))
-            self.bm25.search(" ".join(words[start : start + draw.randint(2, 8)]), self.settings.bm25_depth)
-        return time.perf_counter() - started
+        """:meth:`OpenIndex.warm_up`: Lucene's search path compiled before queries come."""
+        return self.index.warm_up(searches)
 
     def describe(self) -> dict:
         """How this engine fuses and reranks, defaults resolved: what health checks and run summaries

@@ -1,4 +1,4 @@
-"""One shard as a sharded search asks it: an engine over the shard's index directory, answering
+"""One shard as a sharded search asks it: the shard's index directory, opened, answering
 the three phases of Elasticsearch's ``dfs_query_then_fetch`` and nothing more.
 
 - **dfs:** :meth:`LocalShard.statistics`, the query's terms and how many of the shard's chunks hold
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.documents import Filters
-from engine.retrieval.protocol import Query, Ranking, Within
+from engine.retrieval.protocol import Query, Ranking
 from engine.shards.bm25 import ShardStatistics, statistics_of
 from engine.store.docstore import Chunk
 
 if TYPE_CHECKING:
-    from engine.search import HybridEngine
+    from engine.search.opening import OpenIndex
 
 
 class QueriesComeEncoded:
@@ -45,69 +45,66 @@ ENCODED = QueriesComeEncoded()
 
 
 class LocalShard:
-    """A shard's engine (read-only, or following the shard's writer), asked by a sharded search."""
+    """A shard's index (read-only, or following the shard's writer), asked by a sharded search."""
 
-    def __init__(self, engine: HybridEngine) -> None:
-        self.engine = engine
+    def __init__(self, index: OpenIndex) -> None:
+        self.index = index
 
-    def _within(self, filters: Filters | None) -> Within:
-        engine = self.engine
-        if filters is None or filters.empty:
-            return Within(engine.dense.units)
-        allowed = engine.allowed(filters)
-        return Within(allowed, allowed, allowed.rows, filters)
+    @property
+    def backend(self) -> str:
+        return self.index.view.dense.backend
 
     def _caught_up(self) -> None:
-        if self.engine.follower is not None:
-            self.engine.follower.catch_up()
+        self.index.catch_up()
 
     def statistics(self, text: str) -> ShardStatistics:
         self._caught_up()
-        return statistics_of(self.engine.bm25, text)
+        return statistics_of(self.index.view.bm25, text)
 
     def bm25(
         self, query: Query, k: int, filters: Filters | None, weighted: list[tuple[str, float]], average: float
     ) -> Ranking:
         """The shard's top ``k`` by ``weighted`` terms, lengths normalised by ``average`` (the corpus's)."""
         self._caught_up()
-        engine = self.engine
-        with engine.view_lock.reading():
-            return engine.bm25.retrieve(query, k, self._within(filters), weighted, average)
+        index = self.index
+        with index.lock.reading():
+            return index.view.bm25.retrieve(query, k, index.within(filters), weighted, average)
 
     def dense(self, query: Query, k: int, filters: Filters | None) -> list[tuple[str, float, int]]:
         """The shard's top ``k`` by the query's vector: (unit id, score, row)."""
         self._caught_up()
-        engine = self.engine
-        with engine.view_lock.reading():
-            hits = engine.dense.retrieve(query, k, self._within(filters))
-            rows = engine.dense.units.rows_of([unit for unit, _ in hits]).tolist()
+        index = self.index
+        with index.lock.reading():
+            dense = index.view.dense
+            hits = dense.retrieve(query, k, index.within(filters))
+            rows = dense.units.rows_of([unit for unit, _ in hits]).tolist()
         return [(unit, score, row) for (unit, score), row in zip(hits, rows, strict=True)]
 
     def chunks(self, unit_ids: Sequence[str]) -> dict[str, Chunk]:
-        return self.engine.store.chunks(unit_ids)
+        return self.index.view.store.chunks(unit_ids)
 
     def similarity(self, vector: np.ndarray, unit_ids: Sequence[str]) -> dict[str, float]:
         """Cosine of the query and each of ``unit_ids`` this shard holds."""
-        dense = self.engine.dense
-        with self.engine.view_lock.reading():
+        dense = self.index.view.dense
+        with self.index.lock.reading():
             held = [unit for unit, kept in zip(unit_ids, dense.units.contains(unit_ids).tolist(), strict=True) if kept]
             return dict(zip(held, dense.similarity(vector, held), strict=True))
 
     def holding(self, unit_ids: Sequence[str], filters: Filters | None) -> list[bool]:
         """Which of ``unit_ids`` this shard may return (held, and passing ``filters``)."""
-        with self.engine.view_lock.reading():
-            return self._within(filters).live.contains(list(unit_ids)).tolist()
+        with self.index.lock.reading():
+            return self.index.within(filters).live.contains(list(unit_ids)).tolist()
 
     def document(self, document_id: str) -> dict | None:
-        live = self.engine.live
-        return live.document(document_id) if live is not None else self.engine.store.document(document_id)
+        live = self.index.live
+        return live.document(document_id) if live is not None else self.index.view.store.document(document_id)
 
     def sample(self, n: int) -> list[Chunk]:
-        return self.engine.store.sample(n)
+        return self.index.view.store.sample(n)
 
     def size(self) -> int:
         """The chunks this shard's view holds."""
-        return len(self.engine.dense.units)
+        return len(self.index.view.dense.units)
 
     def close(self) -> None:
-        self.engine.close()
+        self.index.close()

@@ -86,8 +86,7 @@ def _run_stages(
     s = engine.settings
     reranker, rerank_depth = engine.rerank_plan(options)
     fusion = engine.fusion_for(options)
-    if engine.follower is not None:
-        engine.follower.catch_up()
+    engine.index.catch_up()
     retrievers = engine.retrievers()
     watch = Stopwatch(retrievers)
     with _retriever("dense"):
@@ -98,11 +97,8 @@ def _run_stages(
     weights = {name: options.weights.get(name, part.weight) for name, part in configured.items()}
     rrf_k = options.rrf_k or s.rrf_k
     with engine.view_lock.reading():
-        allowed = engine.allowed(filters) if filters is not None and not filters.empty else None
-        if allowed is None:
-            within = Within(engine.dense.units)
-        else:
-            within = Within(allowed, allowed, allowed.rows, filters)
+        within = engine.index.within(filters)
+        allowed = within.allowed
         asked, found = Query(query, vector, exclude), {}
         for name, retriever in retrievers.items():  # in the stopwatch's order
             with _retriever(name):
@@ -120,7 +116,7 @@ def _run_stages(
             fused = _unfiltered_order(engine, asked, depths, weights, rrf_k, fusion, method, allowed, fused)
         depth = max(rerank_depth, top_k)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
-        if engine.follower is not None or engine.shards is not None:  # a store ahead of the view, or a
+        if engine.index.reads_ahead:  # a store ahead of the view, or a
             fused = _held(engine, fused, depth, chunks)  # shard's writes or loss since it answered
         head = [d for d, _ in fused[:depth]] if fusion is None or fusion.calibration is None else []
         cosines = dict(zip(head, engine.dense.similarity(vector, head), strict=True))
@@ -144,9 +140,7 @@ def _run_stages(
     }
     telemetry.record_stages(watch.started, seconds, top_k, asked_found)
     plan = Plan(query, depths, weights, rrf_k, method, s.rerank_blend)
-    return StageResult(
-        found, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines, plan=plan
-    )
+    return StageResult(found, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines, plan=plan)
 
 
 def _unfiltered_order(

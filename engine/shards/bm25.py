@@ -82,10 +82,6 @@ class ShardedBM25:
     def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
         return self.ranked(query, k, within.filters)
 
-    def search(self, query: str, k: int) -> Ranking:
-        """Top ``k`` (unit id, score) for a text, unfiltered (warm-ups, tools)."""
-        return self.ranked(Query(query, None), k, None)
-
     @property
     def documents(self) -> int:
         return sum(n or 0 for n in self.shards.ask("size"))

@@ -59,9 +59,6 @@ class ShardedDense:
     def retrieve(self, query: Query, k: int, within: Within) -> Ranking:
         return self.ranked(query, k, within.filters)
 
-    def search(self, vector: np.ndarray, k: int) -> Ranking:
-        return self.ranked(Query("", vector), k, None)
-
     def similarity(self, vector: np.ndarray, unit_ids: list[str]) -> list[float]:
         """Cosine of the query and each chunk, from the shard holding it (0 for one no shard holds
         now: written away since it was found)."""

@@ -12,6 +12,7 @@ import numpy as np
 from engine.fusion.rrf import reciprocal_rank_fusion
 from engine.retrieval.encoder import encode
 from engine.retrieval.lucene import LuceneIndex
+from engine.retrieval.protocol import Query, Within
 from engine.settings import EngineSettings
 from index_build.adapt.pseudo import PseudoQuery
 from offline.progress import track
@@ -50,7 +51,7 @@ class HeldOutView:
         runs = {}
         items = list(enumerate(queries.items()))
         for i, (name, q) in track(items, "pseudo-queries through the held-out view", "query", enabled=progress):
-            bm25 = [u for u, _ in self.bm25.search(q.text, s.bm25_depth)]
+            bm25 = [u for u, _ in self.bm25.retrieve(Query(q.text, None), s.bm25_depth, Within())]
             scores = self.vectors @ qvecs[i]
             top = np.argpartition(-scores, min(s.dense_depth, len(scores) - 1))[: s.dense_depth]
             dense = [self.units[j] for j in top[np.argsort(-scores[top], kind="stable")]]
