@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import TypeAdapter, ValidationError
@@ -47,6 +50,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group-size", type=int, help="one hit a document, with its best N chunks (group_by document_id)")
     p.add_argument("--highlight", type=int, metavar="N", help="each hit's best N sentences, with their offsets")
     p.add_argument("--neighbors", type=int, metavar="N", help="each hit's N chunks before and after, in its section")
+    p.add_argument(
+        "--paginate",
+        action="store_true",
+        help="pin the ranking and print the next page's token (kept in the user's cache folder, one file an index)",
+    )
+    p.add_argument(
+        "--page-token", help="the next page of a --paginate search: the token it printed, same query and flags"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_settings(p, SEARCH)
     p.set_defaults(run=search, answers_queries=True)
@@ -54,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def search(settings: Settings, args: argparse.Namespace) -> int:
     from engine.search import HybridEngine
+    from engine.search.pages import ExpiredPageToken
 
     fields = {"query": args.query, "top_k": args.top_k, "similarity_threshold": args.similarity_threshold}
     weights = _weights(args.weights)
@@ -66,17 +78,26 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
             controls["highlight"] = {"sentences": args.highlight}
         if args.neighbors is not None:
             controls["context"] = {"neighbors": args.neighbors}
+        paged = args.paginate or args.page_token is not None
+        if paged:
+            controls |= {"paginate": True, "page_token": args.page_token}
         request = limited.model_validate(fields | controls | {"filters": _filters(args)})
     except ValidationError as exc:
         raise ValueError(as_flags(exc)) from None
+    if paged:  # a later run reads the pin: kept on disk, not in this process
+        settings = settings.with_values(page_pins_file=_pins_file(Path(settings.engine.index_dir)))
     engine = HybridEngine(settings.engine)
     options = engine.options_for(request)
     started = time.perf_counter()
-    hits = engine.search(request.query, request.top_k, request.filters, request.similarity_threshold, options)
+    try:
+        hits = engine.search(request.query, request.top_k, request.filters, request.similarity_threshold, options)
+    except ExpiredPageToken as exc:  # said as the CLI says a bad argument
+        raise ValueError(str(exc)) from None
     elapsed = time.perf_counter() - started
     retrievers = [name for name, retriever in engine.retrievers().items() if retriever is not None]
     if args.json:
-        print(json.dumps([_as_json(hit, retrievers) for hit in hits], indent=2))
+        shown = [_as_json(hit, retrievers) for hit in hits]
+        print(json.dumps({"results": shown, "next_page_token": hits.next_page_token} if paged else shown, indent=2))
         return 0
     table = Table(
         title=f"{args.query!r}: {len(hits)} hits in {elapsed * 1000:.0f} ms",
@@ -107,7 +128,18 @@ def search(settings: Settings, args: argparse.Namespace) -> int:
             console.print(f"[bold]{rank}.[/] [{found.start}:{found.end}] {found.score:.3f} {found.text}")
     if engine.reranker is None:
         console.print("[yellow]no reranker: fused order shown[/]")
+    if hits.next_page_token is not None:
+        console.print(f"next page: --page-token {hits.next_page_token}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _pins_file(index_dir: Path) -> Path:
+    """Where ``search --paginate`` pins the rankings of ``index_dir``: a file of the user's cache
+    folder (made mode 0700, as the rankings are kept pickled) named by the index's resolved path, so
+    that one index's token is foreign to another's."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid-search"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder / f"pages-{hashlib.sha256(str(index_dir.resolve()).encode()).hexdigest()[:16]}.sqlite"
 
 
 def checked(name: str, value: object) -> object:
@@ -119,7 +151,11 @@ def checked(name: str, value: object) -> object:
         raise ValueError(as_flags(exc, name)) from None
 
 
-_FLAGS = {("fusion", "weights"): "weights", ("highlight", "sentences"): "highlight", ("context", "neighbors"): "neighbors"}
+_FLAGS = {
+    ("fusion", "weights"): "weights",
+    ("highlight", "sentences"): "highlight",
+    ("context", "neighbors"): "neighbors",
+}
 
 
 def as_flags(exc: ValidationError, field: str | None = None) -> str:

@@ -1,8 +1,11 @@
 """Stable pages (issue 64): a pinned ranking's pages concatenate to the one longer list, with no
 duplicate and no gap, also with documents written between pages, and reach past 100 hits; a token
-of another query or of no pin is refused (422, 410); grouped answers page by document."""
+of another query or of no pin is refused (422, 410); grouped answers page by document. The CLI's
+``search --paginate`` pins on disk, so that its next run answers the next page."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -80,3 +83,29 @@ def test_a_foreign_or_expired_token_is_refused(engine) -> None:
     finally:
         engine.pins = pins
     assert ExpiredPageToken.status == 410 and ForeignPageToken.status == 422
+
+
+def test_the_cli_pages_across_runs_and_refuses_another_indexs_token(index_dir, tmp_path, monkeypatch, capsys) -> None:
+    """``search --paginate`` then ``--page-token``, each run a new engine: pages 1-2 of 3 are the
+    top 6 of one run; the pins are the index's (a copy of it refuses the token, exit 2)."""
+    import shutil
+
+    from cli.main import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    flags = ["--json", "--index-dir", str(index_dir), "--no-rerank"]
+
+    def run(*asked: str) -> dict | list:
+        assert main(["search", QUERY, *asked, *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    whole = [hit["doc_id"] for hit in run("--top-k", "6")]
+    first = run("--top-k", "3", "--paginate")
+    second = run("--top-k", "3", "--page-token", first["next_page_token"])
+    assert [hit["doc_id"] for hit in first["results"] + second["results"]] == whole
+    assert oct((tmp_path / "cache" / "hybrid-search").stat().st_mode & 0o777) == "0o700"
+    copy = tmp_path / "copy"
+    shutil.copytree(index_dir, copy)
+    token = ["--page-token", first["next_page_token"], "--json", "--index-dir", str(copy), "--no-rerank"]
+    assert main(["search", QUERY, "--top-k", "3", *token]) == 2
+    assert "page_token: not a token this server made" in capsys.readouterr().err
