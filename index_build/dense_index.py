@@ -1,14 +1,20 @@
-"""The dense index a build makes, chosen for the corpus's size and named as FAISS's index_factory
-names an index, in one string.
+"""The dense index a build makes, chosen for the corpus's size and shape and named as FAISS's
+index_factory names an index, in one string.
 
-``--dense-index``: ``auto`` (exact below :data:`IVF_FROM` vectors, IVF above), ``flat`` (exact
-inner product), ``hnsw`` (a graph: fast, takes no deletions, so no live writes), ``ivf`` (an
+``--dense-index``: ``auto`` (exact below :data:`IVF_FROM` vectors, IVF above, or HNSW where IVF
+would probe too many lists), ``flat`` (exact inner product), ``hnsw`` (a graph), ``ivf`` (an
 inverted file with 8-bit scalar codes, ``nlist`` from the size), or any index_factory string
 (``IVF4096,PQ48``, ``IVF1024,Flat``...). An IVF index is trained on a sample, filled a batch at a
 time, and its ``nprobe`` is the smallest that reaches :data:`TARGET_RECALL` recall@100 against
-exact search on sample queries (corpus vectors); the recall measured is returned for the manifest.
+exact search on probe queries: the dataset's training queries or text-derived probes, encoded as
+queries are (corpus vectors sit in their own lists and flatter it). ``auto`` keeps IVF only when
+that nprobe is at most nlist / :data:`MOST_PROBED`: on a corpus whose vectors do not cluster, IVF
+at half its lists costs what exact search does, and the build takes an HNSW graph instead (not flat:
+``auto`` tries IVF only from the size where exact search is too slow), its recall measured on the
+same probes; the manifest says what was chosen and why (``settings.dense.choice``).
 Every index holds vectors by store row (flat and HNSW through ``IndexIDMap2``, IVF by its own ids),
-so live writes can remove and replace single rows (flat and IVF; not HNSW).
+so live writes can remove and replace single rows (on HNSW, removed rows are skipped until a merge
+rebuilds the graph: :func:`engine.retrieval.segments.merged_base`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ TARGET_RECALL = 0.95
 TRAIN_PER_LIST = 64
 RECALL_QUERIES = 200
 RECALL_K = 100
+# auto keeps IVF only when nprobe <= nlist / this: beyond, a query scans so much of the index that
+# IVF's only gain over a graph is gone (docs/scale.md, "Corpora that do not cluster")
+MOST_PROBED = 8
 NAMED = ("auto", "flat", "hnsw", "ivf")
 
 
@@ -72,22 +81,78 @@ def build_dense(
     progress: bool = False,
     queries: Callable[[], np.ndarray] | None = None,
     rows: np.ndarray | None = None,
+    probes: str = "",
+    ef_search: int = 128,
 ) -> tuple[object, dict]:
-    """The index over ``vectors`` (by ``rows``, default 0..n-1) and what the manifest records of it: the factory
-    string, and for IVF its nlist, nprobe and recall@100 on ``queries()`` (encoded sample queries,
-    asked for only then; default: corpus vectors, which sit in their own lists and flatter it)."""
+    """The index over ``vectors`` (by ``rows``, default 0..n-1) and what the manifest records of it:
+    the factory string, ``choice`` (what was chosen and why), and for an approximate index its
+    recall@100 against exact search on ``queries()`` (encoded probe queries, asked for only when an
+    approximate index is built; default: 200 corpus vectors, which flatter an inverted file),
+    described by ``probes``. ``ef_search``: the HNSW breadth the engine searches with."""
+    n = len(vectors)
+    factory, key = resolve(kind, n, hnsw_m), f"recall_at_{min(RECALL_K, n)}"
+    at = f"recall@{min(RECALL_K, n)}"
+    why = f"--dense-index {kind}" if kind != "auto" else f"auto: {n:,} chunks, below {IVF_FROM:,}: exact search is fast"
+    probing: dict = {}
+
+    def probe_set() -> dict:
+        if not probing:
+            sample = queries() if queries is not None else _sample(vectors, RECALL_QUERIES)
+            source = probes or (f"{len(sample)} corpus vectors" if queries is None else f"{len(sample)} queries")
+            probing.update(queries=np.ascontiguousarray(sample, np.float32), source=source)
+            probing["truth"] = _exact(vectors, probing["queries"], min(RECALL_K, n), rows)
+        return probing
+
+    index, info = _make(vectors, factory, hnsw_m, progress, rows)
+    ivf = _ivf(index)
+    if ivf is not None:
+        info |= _tune_nprobe(index, ivf, probe_set())
+        most = max(1, ivf.nlist // MOST_PROBED)
+        if kind == "auto" and info["nprobe"] > most:
+            tried = {k: info[k] for k in ("factory", "nlist", "nprobe", key, "train_seconds", "add_seconds")}
+            why = (
+                f"auto: {factory} needs nprobe {info['nprobe']:,} of {ivf.nlist:,} lists (more than 1/{MOST_PROBED})"
+                f" for {at} {info[key]:.3f} on {probing['source']}: its vectors do not cluster, so a graph"
+                f" (HNSW{hnsw_m}), not exact search, which is slow from {IVF_FROM:,} chunks"
+            )
+            del index
+            factory = f"HNSW{hnsw_m}"
+            index, info = _make(vectors, factory, hnsw_m, progress, rows)
+            info["ivf_tried"] = tried
+        elif kind == "auto":
+            why = (
+                f"auto: {n:,} chunks, and {factory} reaches {at} {info[key]:.3f} at nprobe {info['nprobe']:,}"
+                f" of {ivf.nlist:,} lists on {probing['source']}"
+            )
+    if hasattr(_kind(index), "hnsw"):
+        info |= _hnsw_recall(index, probe_set(), ef_search)
+        if info[key] < TARGET_RECALL:
+            log.warning(
+                "dense index %s: %s %.3f at efSearch %d; a server's --hnsw-ef-search widens it",
+                factory,
+                at,
+                info[key],
+                ef_search,
+            )
+    if probing:
+        info["probes"] = probing["source"]
+    info["choice"] = {"chosen": factory, "why": why}
+    log.info("dense index %s: %s", factory, why)
+    return index, info
+
+
+def _make(vectors: np.ndarray, factory: str, hnsw_m: int, progress: bool, rows: np.ndarray | None):
+    """The index ``factory`` names, trained on a sample and filled, ids ``rows``; what it took."""
     import faiss
 
     from offline.progress import track
 
     n, dim = vectors.shape
-    factory = resolve(kind, n, hnsw_m)
     base = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     if hasattr(base, "hnsw"):
         base.hnsw.efConstruction = 200
     info: dict = {"factory": factory}
     ivf = faiss.try_extract_index_ivf(base)
-
     if not base.is_trained:
         sample = _sample(vectors, max(TRAIN_PER_LIST * (ivf.nlist if ivf is not None else 1), 50_000))
         log.info("dense index %s: training on %s of %s vectors", factory, f"{len(sample):,}", f"{n:,}")
@@ -102,15 +167,27 @@ def build_dense(
         index = faiss.IndexIDMap2(base)
     step = 100_000
     starts = range(0, n, step)
+    started = time.perf_counter()
     for start in track(
         starts, f"dense index {factory}: adding {n:,} vectors", "batch", enabled=progress and len(starts) > 1
     ):
         stop = min(n, start + step)
         ids = np.arange(start, stop) if rows is None else np.asarray(rows[start:stop], dtype=np.int64)
         index.add_with_ids(np.ascontiguousarray(vectors[start:stop], dtype=np.float32), ids)
-    if ivf is not None:
-        info |= {"nlist": ivf.nlist} | _tune_nprobe(index, ivf, vectors, queries() if queries else None, rows)
+    info["add_seconds"] = round(time.perf_counter() - started, 1)
     return index, info
+
+
+def _ivf(index):
+    import faiss
+
+    return faiss.try_extract_index_ivf(index)
+
+
+def _kind(index):
+    import faiss
+
+    return faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
 
 
 def _sample(vectors: np.ndarray, size: int) -> np.ndarray:
@@ -119,17 +196,15 @@ def _sample(vectors: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(vectors[rows], dtype=np.float32)
 
 
-def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None, ids: np.ndarray | None) -> dict:
-    """The smallest power-of-two nprobe whose recall@100 against exact search reaches the target on
-    ``queries``; set on the index (whose ids are ``ids``, default the positions)."""
+def _exact(vectors: np.ndarray, queries: np.ndarray, k: int, ids: np.ndarray | None) -> np.ndarray:
+    """Each query's exact top ``k`` ids (``ids``, default the positions), a block of vectors at a
+    time: bounded memory."""
     import faiss
 
-    queries = _sample(vectors, RECALL_QUERIES) if queries is None else np.ascontiguousarray(queries, np.float32)
-    k = min(RECALL_K, len(vectors))
     exact = faiss.IndexFlatIP(vectors.shape[1])
     truth = np.full((len(queries), k), -1, dtype=np.int64)
     top = np.full((len(queries), k), -np.inf, dtype=np.float32)
-    for start in range(0, len(vectors), 200_000):  # exact search a block at a time: bounded memory
+    for start in range(0, len(vectors), 200_000):
         exact.reset()
         exact.add(np.ascontiguousarray(vectors[start : start + 200_000], dtype=np.float32))
         scores, rows = exact.search(queries, min(k, exact.ntotal))
@@ -139,13 +214,37 @@ def _tune_nprobe(index, ivf, vectors: np.ndarray, queries: np.ndarray | None, id
         top, truth = np.take_along_axis(merged_scores, best, 1), np.take_along_axis(merged_rows, best, 1)
     if ids is not None:
         truth = np.where(truth >= 0, np.asarray(ids, dtype=np.int64)[np.maximum(truth, 0)], -1)
+    return truth
+
+
+def _recall(index, probing: dict) -> float:
+    truth = probing["truth"]
+    _, found = index.search(probing["queries"], truth.shape[1])
+    k = truth.shape[1]
+    return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth, strict=True)]))
+
+
+def _tune_nprobe(index, ivf, probing: dict) -> dict:
+    """The smallest power-of-two nprobe whose recall@100 against exact search reaches the target on
+    the probes; set on the index."""
     recall, nprobe = 0.0, 1
     while True:
         ivf.nprobe = nprobe
-        _, found = index.search(queries, k)
-        recall = float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth, strict=True)]))
+        recall = _recall(index, probing)
         if recall >= TARGET_RECALL or nprobe >= ivf.nlist:
             break
         nprobe = min(ivf.nlist, nprobe * 2)
-    log.info("IVF nprobe %d: recall@%d %.3f against exact on %d sample queries", nprobe, k, recall, len(queries))
-    return {"nprobe": nprobe, f"recall_at_{k}": round(recall, 4), "recall_queries": len(queries)}
+    k, count = probing["truth"].shape[1], len(probing["queries"])
+    log.info("IVF nprobe %d: recall@%d %.3f against exact on %s", nprobe, k, recall, probing["source"])
+    return {"nlist": ivf.nlist, "nprobe": nprobe, f"recall_at_{k}": round(recall, 4), "recall_queries": count}
+
+
+def _hnsw_recall(index, probing: dict, ef_search: int) -> dict:
+    """The graph's recall@100 against exact search on the probes, at the breadth the engine searches
+    with (``efSearch``: a server's ``--hnsw-ef-search``)."""
+    graph = _kind(index)
+    graph.hnsw.efSearch = ef_search
+    recall = _recall(index, probing)
+    k, count = probing["truth"].shape[1], len(probing["queries"])
+    log.info("HNSW efSearch %d: recall@%d %.3f against exact on %s", ef_search, k, recall, probing["source"])
+    return {"ef_search": ef_search, f"recall_at_{k}": round(recall, 4), "recall_queries": count}

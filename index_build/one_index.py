@@ -128,11 +128,14 @@ def build_one_index(
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress, rows)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
-        documents, probe_texts = len(docs), _probe_texts(corpus)
+        documents, (probe_texts, probed) = len(docs), _probe_texts(corpus)
         if release:  # the texts are in the store now: the rest of the build reads the index
             release_corpus(corpus)
         probes = functools.partial(encode, encoder, probe_texts)
-        index, dense = build_dense(vectors, build.dense_index, build.hnsw_m, progress, probes, rows)
+        probed = f"{probed}, encoded by {build.encoder}" + (" (the query encoder of --vectors)" if given else "")
+        index, dense = build_dense(
+            vectors, build.dense_index, build.hnsw_m, progress, probes, rows, probed, settings.hnsw_ef_search
+        )
         import faiss
 
         faiss.write_index(index, str(tmp / DENSE_FILE))
@@ -183,22 +186,25 @@ def build_one_index(
     return manifest
 
 
-def _probe_texts(corpus: Corpus) -> list[str]:
-    """What an approximate index's recall is measured on: 200 of the dataset's training queries
-    (their texts only; never a held-out split's), or without any, the opening words of 200 chunks,
-    as a user's short question would read."""
+def _probe_texts(corpus: Corpus) -> tuple[list[str], str]:
+    """What an approximate index's recall is measured on, and its description for the manifest:
+    200 of the dataset's training queries (their texts only; never a held-out split's), or without
+    any, the opening words of 200 chunks, as a user's short question would read."""
     rng = np.random.default_rng(0)
     split = corpus.dataset.training_split() if corpus.dataset is not None else None
     texts = list(corpus.dataset.split_queries(split).values()) if split is not None else []
     if texts:
-        return [texts[i] for i in rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)]
+        picked = rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)
+        return [texts[i] for i in picked], f"{len(picked)} of the dataset's {split} queries"
     counts = np.asarray(corpus.chunk_counts(), dtype=np.int64)
     total = int(counts.sum())
     picked = np.sort(rng.choice(total, size=min(RECALL_QUERIES, total), replace=False)) if total else []
     owner = np.searchsorted(np.cumsum(counts), picked, side="right")  # the document holding each picked row
     first = np.cumsum(counts) - counts
     chunks = [corpus.documents[int(d)]["chunks"][int(row - first[d])] for d, row in zip(owner, picked, strict=True)]
-    return [" ".join(chunk_text(c["title"], c["content"]).split()[:12]) for c in chunks]
+    return [" ".join(chunk_text(c["title"], c["content"]).split()[:12]) for c in chunks], (
+        f"the opening 12 words of {len(chunks)} chunks (the dataset has no training queries)"
+    )
 
 
 def _named(factory: str) -> str:

@@ -84,7 +84,7 @@ def place_index(index, device: str) -> tuple[object, str]:
     return index, "faiss-cpu"
 
 
-EXACT_WITHIN = 20_000  # a filter's rows an inverted file scores one by one rather than by its lists
+EXACT_WITHIN = 20_000  # a filter's rows an inverted file or a graph scores one by one rather than searching
 
 
 class DenseRetriever:
@@ -139,10 +139,12 @@ class DenseRetriever:
 
     @property
     def accepts_deletes(self) -> bool:
-        """Exact (flat) and inverted-file (IVF) bases can be merged with removals; HNSW graphs cannot."""
+        """Exact (flat) and inverted-file (IVF) bases drop removed rows when merged, HNSW graphs are
+        built again without them (:func:`~engine.retrieval.segments.merged_base`); until then a
+        removed row is skipped by every kind."""
         import faiss
 
-        return isinstance(self.segments.kind, (faiss.IndexFlat, faiss.IndexIVF))
+        return isinstance(self.segments.kind, (faiss.IndexFlat, faiss.IndexIVF, faiss.IndexHNSW))
 
     def encode_query(self, query: str) -> np.ndarray:
         """The query's (1, dim) embedding."""
@@ -160,18 +162,22 @@ class DenseRetriever:
             scores, rows = segments.search(vector, min(k, len(self.units)), fast=self._fast)
         elif len(allowed_rows) == 0:
             return []
-        elif segments.ivf is not None and len(allowed_rows) <= EXACT_WITHIN:
+        elif self._approximate and len(allowed_rows) <= EXACT_WITHIN:
             return self._score_within(vector, k, allowed_rows)
-        else:  # an inverted file widens its probes by the share of the index the filter leaves out
-            ivf = segments.ivf
-            nprobe = None if ivf is None else min(ivf.nlist, ivf.nprobe * -(-ivf.ntotal // len(allowed_rows)))
-            scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), nprobe)
+        else:  # an approximate index widens its search by the share of the index the filter leaves out
+            wider = -(-segments.base.ntotal // len(allowed_rows))
+            scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), wider=wider)
         found = rows >= 0
         return list(zip(self.units.names(rows[found]), scores[found].tolist(), strict=True))
 
+    @property
+    def _approximate(self) -> bool:
+        return self.segments.ivf is not None or hasattr(self.segments.kind, "hnsw")
+
     def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
-        """An inverted file probes a few lists, and a filter's rows are mostly in others: a few
-        thousand rows are scored exactly, read back by row (only those this view holds)."""
+        """An inverted file probes a few lists, and a filter's rows are mostly in others; a graph's
+        search meets few of them: a few thousand rows are scored exactly, read back by row (only
+        those this view holds)."""
         ids = allowed_rows.ids[self.units.holds_rows(allowed_rows.ids)]
         if not len(ids):
             return []

@@ -86,13 +86,16 @@ class DenseSegments:
         self.remove(removed.tolist())
         self.add(rows, vectors)
 
-    def _params(self, selector, nprobe: int | None = None):
+    def _params(self, selector, wider: int = 1):
+        """Search parameters skipping what ``selector`` does not select, an approximate index's
+        breadth (nprobe, efSearch) multiplied by ``wider``, at most the whole index."""
         import faiss
 
         if self.ivf is not None:
-            return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe or self.ivf.nprobe)
+            return faiss.SearchParametersIVF(sel=selector, nprobe=min(self.ivf.nlist, self.ivf.nprobe * wider))
         if hasattr(self.kind, "hnsw"):
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.kind.hnsw.efSearch)
+            ef = min(max(self.base.ntotal, 1), self.kind.hnsw.efSearch * wider)
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, self.kind.hnsw.efSearch))
         return faiss.SearchParameters(sel=selector)
 
     def skip_removed(self):
@@ -104,9 +107,10 @@ class DenseSegments:
             self._skip = (faiss.IDSelectorNot(batch), batch)  # the Not holds a pointer: keep its target alive
         return self._skip[0] if self.removed else None
 
-    def search(self, vector: np.ndarray, k: int, selector=None, nprobe: int | None = None, fast=None):
+    def search(self, vector: np.ndarray, k: int, selector=None, wider: int = 1, fast=None):
         """Top ``k`` (scores, rows) over base and delta, best first; ``selector``: the rows allowed
         (a filter's, all held by this view's store, so none removed), else every row not removed.
+        ``wider``: an approximate base's breadth multiplied (a filter's rows are a share of it).
         ``fast``: what searches the base when nothing is removed and nothing filtered (the GPU)."""
         if selector is None and not self.removed and fast is not None:
             scores, rows = fast.search(vector, min(k, self.base.ntotal)) if self.base.ntotal else _none()
@@ -118,7 +122,7 @@ class DenseSegments:
             elif sel is None:
                 scores, rows = self.base.search(vector, min(k, held))
             else:
-                scores, rows = self.base.search(vector, min(k, held), params=self._params(sel, nprobe))
+                scores, rows = self.base.search(vector, min(k, held), params=self._params(sel, wider))
         if not self.delta.ntotal:
             return scores[0], rows[0]
         import faiss
@@ -224,11 +228,20 @@ class DenseSegments:
 def merged_base(base: Path, removed: set[int], rows: np.ndarray, vectors: np.ndarray):
     """The base at ``base`` read into memory (a private copy), ``removed`` dropped and the delta's
     ``rows`` added: FAISS's own removal and addition, so the result is the index a build would make
-    of the same rows, trained as the base was."""
+    of the same rows, trained as the base was. An HNSW graph cannot drop a node: it is built again
+    from the rows it keeps and the delta's (its M and efConstruction kept), as a build makes it."""
     import faiss
 
     merged = read_base(base, mapped=False)
-    if removed:
+    graph = isinstance(merged, faiss.IndexIDMap2) and hasattr(faiss.downcast_index(merged.index), "hnsw")
+    if graph and removed:
+        held = faiss.vector_to_array(merged.id_map)
+        kept = held[~np.isin(held, np.fromiter(removed, dtype=np.int64, count=len(removed)))]
+        old = merged.reconstruct_batch(kept) if len(kept) else np.zeros((0, merged.d), dtype=np.float32)
+        merged.reset()  # the graph and its vectors emptied; its parameters stay
+        rows = np.concatenate([kept, np.asarray(rows, dtype=np.int64)])
+        vectors = np.concatenate([old, np.asarray(vectors, dtype=np.float32).reshape(-1, merged.d)])
+    elif removed:
         ids = np.fromiter(removed, dtype=np.int64, count=len(removed))
         inverted = not isinstance(merged, faiss.IndexIDMap2)  # its hash map removes from an array of ids only
         selector = faiss.IDSelectorArray(len(ids), faiss.swig_ptr(ids)) if inverted else faiss.IDSelectorBatch(ids)
