@@ -17,6 +17,7 @@ copies, never the index itself; writes ``benchmarks/results/<machine>/snapshots.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import subprocess
 import tempfile
@@ -71,9 +72,14 @@ async def _load(url: str, queries: list[str], documents: list[dict], args) -> di
     acks: list[dict] = []
     failed_writes: list[str] = []
     stop = asyncio.Event()
-    async with httpx.AsyncClient(
-        base_url=url, timeout=600, limits=httpx.Limits(max_connections=args.clients + 8)
-    ) as http:
+    # a client each: searches, writes (unbounded: they may queue past the clients) and the snapshot, so
+    # that none waits for another's connection
+    one = {"base_url": url, "timeout": 600}
+    async with (
+        httpx.AsyncClient(**one, limits=httpx.Limits(max_connections=args.clients)) as http,
+        httpx.AsyncClient(**one, limits=httpx.Limits(max_connections=None)) as writes,
+        httpx.AsyncClient(**one) as asking,
+    ):
 
         async def client(n: int) -> None:
             i = n
@@ -90,7 +96,7 @@ async def _load(url: str, queries: list[str], documents: list[dict], args) -> di
 
         async def write(document: dict) -> None:
             try:
-                reply = await http.post("/documents", json=document)
+                reply = await writes.post("/documents", json=document)
                 if reply.status_code in (200, 201):
                     acks.append(
                         {"document_id": document["document_id"], "seq": reply.json()["seq"], "at": time.perf_counter()}
@@ -112,12 +118,12 @@ async def _load(url: str, queries: list[str], documents: list[dict], args) -> di
         began = time.perf_counter()
         await asyncio.sleep(args.before_s)
         asked = time.perf_counter()
-        reply = await http.post("/snapshots")
+        reply = await asking.post("/snapshots")
         answered = time.perf_counter()
         await asyncio.sleep(args.after_s)
         stop.set()
         await asyncio.gather(*tasks)
-        listed = (await http.get("/snapshots")).json()
+        listed = (await asking.get("/snapshots")).json()
     if reply.status_code != 201:
         raise SystemExit(f"POST /snapshots answered {reply.status_code}: {reply.text}")
     during = [s for start, s, _ in searches if asked <= start <= answered]
@@ -178,6 +184,8 @@ def main() -> None:
         finally:
             code = stop_server(proc)
         taken = load["snapshot"]
+        served_ms = re.findall(r"POST /snapshots -> 201 in ([\d.]+) ms", (work / "serve.log").read_text())
+        load["snapshot_server_ms"] = float(served_ms[0]) if served_ms else None
         seq = taken["seq"]
         if [r["seq"] for r in records[:seq]] != list(range(1, seq + 1)):
             raise SystemExit("the server's log does not hold every write up to the snapshot: no reference")

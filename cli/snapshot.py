@@ -85,8 +85,8 @@ def restore(settings: Settings, args: argparse.Namespace) -> int:
     restored = restore_snapshot(args.snapshot, args.index_dir, replay)
     print(
         f"restored {restored['snapshot']} into {restored['index_dir']}: write {restored['seq']},"
-        f" {restored['files']} files ({_mb(restored['bytes'])}) checked, {restored['log_records']} logged writes"
-        f" replayed, in {restored['seconds']:.2f} s"
+        f" {restored['files']} files ({_mb(restored['bytes'])}) checked in {restored['checked_seconds']:.2f} s,"
+        f" {restored['log_records']} logged writes replayed, in {restored['seconds']:.2f} s in all"
     )
     return 0
 

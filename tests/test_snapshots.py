@@ -48,13 +48,16 @@ def test_a_snapshot_taken_while_writing_restores_every_acknowledged_write_and_th
     stop = threading.Event()
 
     def write() -> None:
-        for i in range(1000):
-            if stop.is_set():
-                return
-            acks.append(live.upsert(_document(i)))
-            if i == 3:  # the log emptied once: a dense delta and a Lucene commit to link
-                logged.extend(read_records(live.index_dir / WAL_FILE))
-                live.checkpoint()
+        try:
+            for i in range(1000):
+                if stop.is_set():
+                    return
+                acks.append(live.upsert(_document(i)))
+                if i == 3:  # the log emptied once: a dense delta and a Lucene commit to link
+                    logged.extend(read_records(live.index_dir / WAL_FILE))
+                    live.checkpoint()
+        except BaseException as exc:  # noqa: BLE001 - a failed write fails the test
+            failures.append(exc)
 
     def search() -> None:
         while not stop.is_set():
@@ -66,15 +69,18 @@ def test_a_snapshot_taken_while_writing_restores_every_acknowledged_write_and_th
     threads = [threading.Thread(target=write), threading.Thread(target=search)]
     for thread in threads:
         thread.start()
-    try:
-        while len(acks) < 8:
+
+    def wait_for(count: int) -> None:
+        while len(acks) < count:
+            assert threads[0].is_alive(), failures
             stop.wait(0.05)
+
+    try:
+        wait_for(8)
         assert main(["snapshot", "create", "--index-dir", str(live.index_dir)]) == 2  # the writer takes its own
         assert "another process writes this index" in capsys.readouterr().err
         taken = live.snapshot(tmp_path / "snaps")
-        before = len(acks)
-        while len(acks) < before + 3:  # and writes go on after it
-            stop.wait(0.05)
+        wait_for(len(acks) + 3)  # and writes go on after it
     finally:
         stop.set()
         for thread in threads:

@@ -277,6 +277,7 @@ def restore(snapshot: Path, index_dir: Path, settle: Callable[[Path], None] | No
                     " restore another"
                 )
         _fsync_tree(work)
+        checked = time.perf_counter() - started
         if settle is not None:
             settle(work)
         if index_dir.exists():
@@ -293,6 +294,7 @@ def restore(snapshot: Path, index_dir: Path, settle: Callable[[Path], None] | No
         "log_records": manifest["log_records"],
         "files": len(manifest["files"]),
         "bytes": manifest["bytes"],
+        "checked_seconds": round(checked, 3),
         "seconds": round(time.perf_counter() - started, 3),
     }
 
