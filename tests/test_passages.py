@@ -113,3 +113,12 @@ def test_bench_times_each_body_under_one_load(server) -> None:
     run = bench_http("rest", server["mcp"] + "/search", queries, [1], top_k=2, bodies=bodies)["runs"][0]
     assert set(run["bodies"]) == set(bodies) and run["bodies"]["highlight"]["n"] == run["bodies"]["none"]["n"] == 3
     assert run["errors"] == 3 and "422" in next(iter(run["error_kinds"])), run  # the bad body's, counted apart
+
+
+def test_bench_refuses_a_body_that_is_not_a_named_json_object(beir_dir, capsys) -> None:
+    from cli.main import main
+
+    for given in ("x={", "={}", "x=[1]"):
+        flags = ["--url", "http://127.0.0.1:9/search", "--data", str(beir_dir), "--body", given]
+        assert main(["bench", "rest", *flags]) == 2
+        assert "--body takes NAME=JSON" in capsys.readouterr().err
