@@ -14,7 +14,7 @@ from engine.settings import EngineSettings
 from engine.store.index_dir import WAL_FILE
 from engine.store.snapshot import SNAPSHOT_FILE, restore
 from engine.store.wal import read_records
-from offline.server_process import free_port, serve_args, start_server, stop_server, worker_client
+from offline.server_process import free_port, serve_args, start_server, stop_server, worker_client, workers_up
 from tests.helpers import TOPICS, writable_engine
 
 CPU = EngineSettings(device="cpu", rerank=False)
@@ -170,6 +170,7 @@ def test_post_snapshots_reaches_the_writer_of_workers_and_get_lists_them(index_d
     extra = ["--workers", "2", "--snapshots-dir", str(tmp_path / "snaps"), "--no-rerank", "--warmup-searches", "0"]
     proc = start_server(serve_args(served, port, *extra), f"{url}/health", tmp_path / "serve.log")
     try:
+        workers_up(url)  # the writer too: until its channel is up, a follower refuses writes (503)
         follower, _ = worker_client(url, "follower", timeout_s=120)
         try:
             ack = follower.post("/documents", json=_document(1).model_dump(mode="json")).json()
