@@ -7,6 +7,8 @@ import shutil
 import threading
 from pathlib import Path
 
+import pytest
+
 from benchmarks.snapshots import opened, replayed_copy, top10
 from cli.main import main
 from engine.documents import DocumentIn
@@ -160,6 +162,7 @@ def test_a_torn_or_altered_snapshot_is_refused_by_name_and_leaves_nothing(index_
     assert code == 2 and "already exists" in said
 
 
+@pytest.mark.slow  # a server of two workers of its own
 def test_post_snapshots_reaches_the_writer_of_workers_and_get_lists_them(index_dir, tmp_path, capsys):
     """Through the follower of ``serve --workers 2``: the writer (worker 0) takes it, after the write
     acknowledged before it; a new index restored from it holds that write."""
