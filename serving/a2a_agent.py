@@ -47,6 +47,19 @@ from serving.search_service import SearchService
 log = logging.getLogger(__name__)
 SKILL_ID = "nfcorpus_retrieval"
 DETAILS = ("group_by", "highlight", "context")  # asked for, a reply carries REST's results
+# what only the MCP server's general tool takes: a message that sets any of them is sent there
+GENERAL = {
+    *DETAILS,
+    "filters",
+    "similarity_threshold",
+    "explain",
+    "fusion",
+    "rerank",
+    "retrievers",
+    "group_size",
+    "paginate",
+    "page_token",
+}
 
 
 class DocSearch(Protocol):
@@ -97,35 +110,24 @@ class McpSearch:
 
         arguments = {"query": request.query, "top_k": request.top_k}
         tool = SEARCH_TOOL
-        narrowed = request.filters is not None or request.similarity_threshold is not None or _detailed(request)
-        if narrowed or request.explain or request.controlled or collection is not None:
+        asked = request.model_dump(mode="json", include=GENERAL, exclude_unset=True)
+        if asked or collection is not None:
             tool = "search"  # the general tool takes them; the benchmark's stays as it is
-            arguments |= request.model_dump(
-                mode="json",
-                include={
-                    "filters",
-                    "similarity_threshold",
-                    "explain",
-                    "fusion",
-                    "rerank",
-                    "retrievers",
-                    "group_size",
-                    *DETAILS,
-                },
-                exclude_none=True,
-            )
-            arguments |= {"collection": collection} if collection is not None else {}
+            arguments |= asked | ({"collection": collection} if collection is not None else {})
         async with Client(self.url) as client:
             result = await client.call_tool(tool, arguments)
         if result.is_error:
             message = " ".join(getattr(c, "text", "") for c in result.content).strip()
             raise BadRequest(f"MCP tool failed: {message or 'no message'}")
-        results = (result.structured_content or {}).get("results", [])
+        content = result.structured_content or {}
+        results = content.get("results", [])
+        paged = {"next_page_token": content["next_page_token"]} if "next_page_token" in content else {}
         if _detailed(request):  # the general tool's chunks, as the engine's answer carries them
-            return {"doc_ids": [r["doc_id"] for r in results], "results": results}
+            return {"doc_ids": [r["doc_id"] for r in results], "results": results, **paged}
         if request.explain:  # the general tool's chunks, one a hit
-            return {"doc_ids": [r["doc_id"] for r in results], "explanations": [r.get("explanation") for r in results]}
-        return {"doc_ids": _unique([r["doc_id"] for r in results])[: request.top_k]}
+            explained = [r.get("explanation") for r in results]
+            return {"doc_ids": [r["doc_id"] for r in results], "explanations": explained, **paged}
+        return {"doc_ids": _unique([r["doc_id"] for r in results])[: request.top_k], **paged}
 
 
 def _detailed(request: SearchRequest) -> bool:

@@ -13,6 +13,7 @@ from engine.documents import DocumentIn, SearchRequest
 from engine.search.highlights import SentenceVectors, highlights, spans
 from engine.settings import EngineSettings
 from offline.door_load import bench_http
+from offline.server_process import free_port, start_server, stop_server
 from tests.helpers import a2a_v1_send
 
 SECTIONS = ["intro", "intro", "intro", "methods", "methods"]
@@ -88,23 +89,44 @@ def test_a2a_replies_carry_groups_highlights_and_context_as_rest_does(server) ->
     """The a2a-sdk client's data part asking for groups, highlights and context gets REST's results
     beside its doc_ids; a plain one gets doc_ids alone, as before."""
     import httpx
-    from a2a.helpers.proto_helpers import new_data_part
-    from google.protobuf.json_format import MessageToDict
 
     asked = {"query": "soy isoflavones", "top_k": 3, "group_by": "document_id", "group_size": 2}
     asked |= {"highlight": {"sentences": 1}, "context": {"neighbors": 1}}
     rest = httpx.post(server["mcp"] + "/search", json=asked, timeout=60).json()["results"]
 
-    def data(message: dict) -> dict:
-        task = a2a_v1_send(server["a2a"], [new_data_part(message)])
-        return MessageToDict(task.artifacts[0].parts[0].data)
-
-    found = data(asked)
+    found = _a2a(server["a2a"], asked)
     assert found["results"] == rest and found["doc_ids"] == [hit["doc_id"] for hit in rest]
     assert len({hit["document_id"] for hit in rest}) == 3 and all(hit["highlights"] for hit in rest)
     for hit in rest:
         assert all(hit["text"][x["start"] : x["end"]] == x["text"] for x in hit["highlights"])
-    assert set(data({"query": "soy isoflavones", "top_k": 3})) == {"doc_ids"}
+    assert set(_a2a(server["a2a"], {"query": "soy isoflavones", "top_k": 3})) == {"doc_ids"}
+
+
+def test_an_agent_over_another_servers_mcp_carries_its_results_and_pages(server, tmp_path) -> None:
+    """``serve --mcp-url`` (the agent relaying to another server's MCP tools) answers a message asking
+    for groups and highlights, and pages, as that server's own agent does."""
+    port = free_port()
+    args = ["serve", "--no-mcp", "--a2a-port", str(port), "--mcp-url", server["mcp"] + "/mcp"]
+    proc = start_server(args, f"http://127.0.0.1:{port}/", tmp_path / "relay.log")
+    try:
+        relay, query = f"http://127.0.0.1:{port}", "soy isoflavones"
+        asked = {"query": query, "top_k": 3, "group_by": "document_id", "highlight": {"sentences": 1}}
+        assert _a2a(relay, asked)["results"] == _a2a(server["a2a"], asked)["results"]
+        whole = _a2a(server["a2a"], {"query": query, "top_k": 4})["doc_ids"]
+        first = _a2a(relay, {"query": query, "top_k": 2, "paginate": True})
+        second = _a2a(relay, {"query": query, "top_k": 2, "page_token": first["next_page_token"]})
+        assert first["doc_ids"] + second["doc_ids"] == whole and len(whole) == 4
+    finally:
+        assert stop_server(proc) == 0
+
+
+def _a2a(url: str, message: dict) -> dict:
+    """The one data part of the agent's answer to ``message``, sent by the a2a-sdk client."""
+    from a2a.helpers.proto_helpers import new_data_part
+    from google.protobuf.json_format import MessageToDict
+
+    task = a2a_v1_send(url, [new_data_part(message)])
+    return MessageToDict(task.artifacts[0].parts[0].data)
 
 
 def test_bench_times_each_body_under_one_load(server) -> None:
