@@ -9,7 +9,8 @@ make room (settings ``page_pins``, ``page_pin_seconds``), has expired (410).
 
 Pins and key live in one SQLite database: in this process's memory, or in the file
 ``page_pins_file`` that ``serve --workers N`` puts in its private folder (mode 0700, as the
-workers' channel), so that any worker answers a page another pinned. The first worker to open it
+workers' channel), so that any worker answers a page another pinned (``search --paginate``: one in
+the user's cache folder, so that the next run does). The first worker to open it
 makes the key; a ranking is kept pickled (what the workers' channel sends, in a folder only this
 user can write), stored again after each page so that the chunks a page read stay the ones the
 next reads, without its learned fusion, which the engine gives back (the same model in every
