@@ -6,6 +6,7 @@ synthetic vectors for the choice, the tiny BEIR index for the build and the writ
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,8 @@ def test_a_mixed_corpus_where_ivf_needs_more_than_an_eighth_of_its_lists_gets_a_
     why = info["choice"]["why"]
     assert f"nprobe {tried['nprobe']:,} of {tried['nlist']:,} lists" in why and "do not cluster" in why
     assert why in caplog.text  # the build's log says it too
-    assert info["ef_search"] == 128 and info["recall_at_100"] >= 0.95 and info["probes"] == "mixed"
+    assert info["ef_search"] >= 128 and info["recall_at_100"] >= 0.95 and info["probes"] == "mixed"
+    assert dense_index._kind(index).hnsw.efSearch == info["ef_search"]  # written with the index
     _, found = index.search(queries[:5], 3)
     assert np.isin(found, rows).all()  # by the rows given
 
@@ -141,3 +143,28 @@ def test_an_hnsw_build_probes_with_training_queries_and_takes_live_writes_rebuil
         assert [u for u, _ in retrieved(reader.dense, vector, 40)] == [u for u, _ in live]
     finally:
         reader.close()
+
+
+def test_a_server_searches_an_hnsw_graph_as_wide_as_its_build_tuned_or_wider_if_asked(index_dir, tmp_path):
+    import faiss
+
+    from engine.search import HybridEngine
+    from engine.store.index_dir import latest_dense
+
+    shutil.copytree(index_dir, tmp_path / "graph")
+    target = tmp_path / "graph"
+    flat = faiss.read_index(str(target / "dense.faiss"))
+    graph = faiss.IndexIDMap2(faiss.IndexHNSWFlat(flat.d, 8, faiss.METRIC_INNER_PRODUCT))
+    rows = faiss.vector_to_array(flat.id_map)
+    graph.add_with_ids(flat.reconstruct_batch(rows), rows)
+    faiss.downcast_index(graph.index).hnsw.efSearch = 300  # as a build tunes it
+    for path in target.glob("dense*.faiss"):
+        path.unlink()
+    faiss.write_index(graph, str(latest_dense(target).base))
+    for asked, searched in ((128, 300), (512, 512)):
+        settings = EngineSettings(index_dir=target, device="cpu", rerank=False, fusion="rrf", hnsw_ef_search=asked)
+        engine = HybridEngine(settings)
+        try:
+            assert engine.dense.segments.kind.hnsw.efSearch == searched
+        finally:
+            engine.close()

@@ -107,8 +107,8 @@ class DenseRetriever:
     ) -> None:
         """``earlier``: this process's retriever of an older checkpoint (:meth:`reopened`)."""
         self.segments = DenseSegments(checkpoint, earlier.segments if earlier is not None else None)
-        if hasattr(self.segments.kind, "hnsw"):
-            self.segments.kind.hnsw.efSearch = ef_search
+        if hasattr(self.segments.kind, "hnsw"):  # the breadth the build tuned (in the file), or ef_search if wider
+            self.segments.kind.hnsw.efSearch = max(ef_search, self.segments.kind.hnsw.efSearch)
         self.path = checkpoint.base
         if earlier is not None and earlier.segments.base is self.segments.base:  # placed once a base
             self._fast, self.backend = earlier._fast, earlier.backend
