@@ -101,8 +101,11 @@ class Taking:
         if read_manifest(self.index_dir).shards:
             raise SnapshotRefused(f"{self.index_dir}: a sharded index; snapshot each shard's folder (shards/<i>)")
         self.started = time.perf_counter()
-        self.into.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix=".taking-", dir=self.into))
+        try:
+            self.into.mkdir(parents=True, exist_ok=True)
+            self.work = Path(tempfile.mkdtemp(prefix=".taking-", dir=self.into))
+        except OSError as exc:
+            raise IndexDirError(f"{self.into}: no snapshot can be written here ({exc.strerror or exc})") from None
         self.immutable: dict[str, bool] = {}  # path in the snapshot -> whether it never changes (linked)
         self.linked_bytes = 0
         self.stores: dict[str, int] = {}
@@ -117,7 +120,9 @@ class Taking:
             self._store.close()
         if kind is not None:
             shutil.rmtree(self.work, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+        if isinstance(exc, OSError) and exc.errno not in _NO_ROOM:
+            raise IndexDirError(f"{self.into}: the snapshot failed ({exc}); nothing of it was kept") from None
+        if isinstance(exc, OSError):
             raise StorageFull(
                 f"{self.into}: no room for the snapshot ({exc.strerror}); nothing of it was kept"
             ) from None
@@ -256,10 +261,13 @@ def restore(snapshot: Path, index_dir: Path, settle: Callable[[Path], None] | No
     manifest = read_snapshot(snapshot)
     if index_dir.exists() and (not index_dir.is_dir() or any(index_dir.iterdir())):
         raise IndexDirError(f"{index_dir} already exists; restore into a new folder (nothing was changed)")
-    index_dir.parent.mkdir(parents=True, exist_ok=True)
     work = index_dir.parent / f".{index_dir.name}.restoring"
-    shutil.rmtree(work, ignore_errors=True)  # left by a restore that was killed
-    work.mkdir()
+    try:
+        index_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)  # left by a restore that was killed
+        work.mkdir()
+    except OSError as exc:
+        raise IndexDirError(f"{index_dir}: no index can be restored here ({exc.strerror or exc})") from None
     try:
         for entry in manifest["files"]:
             source, target = snapshot / entry["path"], work / entry["path"]
@@ -284,6 +292,9 @@ def restore(snapshot: Path, index_dir: Path, settle: Callable[[Path], None] | No
             index_dir.rmdir()  # empty (checked above)
         os.rename(work, index_dir)
         fsync_dir(index_dir.parent)
+    except OSError as exc:  # unreadable, or no room: said in one line, nothing left behind
+        shutil.rmtree(work, ignore_errors=True)
+        raise IndexDirError(f"{index_dir}: the restore failed ({exc}); nothing of it was kept") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
