@@ -102,7 +102,7 @@ class Pins:
         """``token``'s pin, offset and ranking (its ``fusion`` None: the caller's to give back);
         :class:`ForeignPageToken`, :class:`ExpiredPageToken`."""
         body, _, signature = token.partition(".")
-        if not hmac.compare_digest(signature.encode(), self._signature(body).encode()):
+        if not token.isascii() or not hmac.compare_digest(signature, self._signature(body)):  # ours are ASCII
             raise ForeignPageToken("page_token: not a token this server made (send the one a reply carried)")
         pin, offset, made_for = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         if made_for != request:
