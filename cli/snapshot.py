@@ -9,10 +9,11 @@ from pathlib import Path
 from cli.flags import WHERE, add_settings
 from serving.settings import Settings
 
-CREATE = """A consistent copy of --index-dir at its last write, taken while it serves and takes writes: files
-that never change (Lucene's commit, the dense index) are hard-linked, the log and the document store copied
-at one position of the write-ahead log, every file checksummed (SHA-256) in the snapshot's snapshot.json.
-This command is for an index no process writes; a writing server takes its own: POST /snapshots."""
+CREATE = """A consistent copy of --index-dir at one write, every file checksummed (SHA-256) in the snapshot's
+snapshot.json: files that never change (Lucene's commit, the dense index) hard-linked, the write-ahead log
+and the document store copied at one position of the log. This command snapshots an index no process writes
+(stopped, or served --read-only: it holds the writer's lock meanwhile); a server that writes the index takes
+its own while it serves and writes: POST /snapshots."""
 RESTORE = """A new index directory from SNAPSHOT: every file is checked against the snapshot's checksums and
 file list as it is placed in a hidden folder beside --index-dir (immutable files linked), the logged
 writes the snapshot holds are replayed there, and the folder is renamed into place. A torn or altered
@@ -33,7 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    c = actions.add_parser("create", help="snapshot an index no server writes", description=CREATE)
+    c = actions.add_parser(
+        "create",
+        help="snapshot an index no server writes",
+        description=CREATE,
+        epilog="examples:\n  hybrid-search snapshot create --index-dir indexes/nfcorpus\n"
+        "  hybrid-search snapshot create --index-dir indexes/nfcorpus --to /mnt/backup/nfcorpus   # copied there",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument(
         "--to",
         type=Path,
@@ -44,7 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_settings(c, ["index_dir", "snapshots_dir"])
     c.set_defaults(run=create)
 
-    r = actions.add_parser("restore", help="make a new index from a snapshot, checked", description=RESTORE)
+    r = actions.add_parser(
+        "restore",
+        help="make a new index from a snapshot, checked",
+        description=RESTORE,
+        epilog="example:\n  hybrid-search snapshot restore indexes/nfcorpus.snapshots/20261128T101500Z-412"
+        " --index-dir indexes/nfcorpus-412",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("snapshot", type=Path, metavar="SNAPSHOT", help="a snapshot's folder (with its snapshot.json)")
     add_settings(r, WHERE, {"index_dir": "the new index's folder, which must not exist yet (no default: required)"})
     r.set_defaults(run=restore)
