@@ -27,17 +27,21 @@ extra (``pip install 'hybrid-search[ray]'``): nothing else imports this module.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from engine.live.writer import Writer
 from engine.rerank.batching import score_rows
 from engine.rerank.loading import open_reranker
 from engine.rerank.token_rows import WireRows
@@ -45,24 +49,39 @@ from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
 from engine.search.opening import Remotes, open_view
 from engine.search.shard import ENCODED, LocalShard
+from engine.shards.fanout import Shard
 from engine.shards.opened import SHARD_ONLY, shard_settings
 from engine.shards.writes import ShardedWriter
 from engine.store.index_dir import read_manifest, shard_dir
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
-from serving.remotes import DESCRIBED, RemoteReranker, RemoteShards, RemoteWriter, writer_calls
+from serving.remotes import DESCRIBED, RemoteReranker, RemoteShards, RemoteWriter, RerankerCalls
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.signals import sleep_until
-from serving.transport import RayTransport
+from serving.transport import RayTransport, served
 
 log = logging.getLogger(__name__)
 APP_NAME = "hybrid-search"
 A2A_PREFIX = "/a2a"
 
 
+class Replica:
+    """A deployment's one entry, ``call(method, *args)``, answered from its ``calls`` (a Protocol's
+    methods: :func:`~serving.transport.served`), as :class:`~serving.transport.RayTransport` sends
+    them: the one Ray adapter, whatever the protocol. A blocking answer runs in a thread."""
+
+    calls: dict[str, Callable[..., Any]]
+
+    async def call(self, method: str, *args: Any) -> Any:
+        answer = self.calls[method]
+        if inspect.iscoroutinefunction(answer):
+            return await answer(*args)
+        return await asyncio.to_thread(answer, *args)
+
+
 @serve.deployment(name="reranker")
-class RerankerReplica:
+class RerankerReplica(Replica):
     """The index's reranker as a deployment: the search replicas make the pairs (their score caches
     beside them) and send their token rows (:class:`serving.remotes.RemoteReranker`); concurrent
     queries' rows share one forward pass."""
@@ -76,6 +95,7 @@ class RerankerReplica:
             wait_ms = settings.engine.rerank_batch_wait_ms if device == "cuda" else 0.0
         self._batched.set_max_batch_size(settings.scale_out.ray_batch_size)
         self._batched.set_batch_wait_timeout_s(wait_ms / 1000)
+        self.calls = served(self, RerankerCalls)
 
     def describe(self) -> dict:
         return {key: getattr(self.reranker, key, None) for key in DESCRIBED}
@@ -96,7 +116,7 @@ class RerankerReplica:
 
 
 @serve.deployment(name="writer", num_replicas=1)
-class WriterReplica:
+class WriterReplica(Replica):
     """The index's one writer: takes every replica's writes and publishes each refresh that applied
     some, which is what the search replicas follow (:mod:`engine.live.follower`)."""
 
@@ -106,20 +126,7 @@ class WriterReplica:
             True,
             remotes=Remotes(query_encoder=ENCODED),
         )
-
-        self.calls = writer_calls(self.engine.live)
-
-    def upsert(self, document: dict, wait: bool) -> dict:
-        return self.calls["upsert"](document, wait)
-
-    def delete(self, document_id: str, wait: bool) -> dict:
-        return self.calls["delete"](document_id, wait)
-
-    def document(self, document_id: str) -> dict | None:
-        return self.calls["document"](document_id)
-
-    def status(self) -> dict:
-        return self.calls["status"]()
+        self.calls = served(self.engine.live, Writer)
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
@@ -128,7 +135,7 @@ class WriterReplica:
 
 
 @serve.deployment(name="shard")
-class ShardReplica:
+class ShardReplica(Replica):
     """One shard of a sharded index: its BM25, dense index and store, answering the coordinators'
     calls (:class:`engine.search.shard.LocalShard`), following its shard's writer when there is one."""
 
@@ -140,33 +147,7 @@ class ShardReplica:
         index = open_view(engine_settings, role, Remotes(writer=follow, encoder=ENCODED, query_encoder=ENCODED))
         index.warm_up(settings.engine.warmup_searches)  # the JVM compiles Lucene's search path before queries come
         self.shard = LocalShard(index)
-
-    async def statistics(self, text: str):
-        return await asyncio.to_thread(self.shard.statistics, text)
-
-    async def bm25(self, *args):
-        return await asyncio.to_thread(self.shard.bm25, *args)
-
-    async def dense(self, *args):
-        return await asyncio.to_thread(self.shard.dense, *args)
-
-    async def chunks(self, unit_ids: list[str]):
-        return await asyncio.to_thread(self.shard.chunks, unit_ids)
-
-    async def similarity(self, *args):
-        return await asyncio.to_thread(self.shard.similarity, *args)
-
-    async def holding(self, *args):
-        return await asyncio.to_thread(self.shard.holding, *args)
-
-    async def document(self, document_id: str):
-        return await asyncio.to_thread(self.shard.document, document_id)
-
-    async def sample(self, n: int):
-        return await asyncio.to_thread(self.shard.sample, n)
-
-    def size(self) -> int:
-        return self.shard.size()
+        self.calls = served(self.shard, Shard)
 
     def __del__(self) -> None:
         shard = getattr(self, "shard", None)
@@ -207,7 +188,7 @@ class SearchReplica:
         remote = None
         if reranker is not None:
             deployment = RayTransport(reranker, "the reranker deployment")
-            described = deployment.call("describe", timeout_s=timeout)
+            described = deployment.call(RerankerCalls.describe.__name__, timeout_s=timeout)
             remote = RemoteReranker(deployment, described, settings.engine, timeout)
         follow = RemoteWriter(RayTransport(writer, "writer"), timeout) if writer is not None else None
         sharded = None

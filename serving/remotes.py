@@ -2,8 +2,10 @@
 index's writer (a sharded index's: one a shard, :class:`engine.shards.writes.ShardedWriter`), the
 reranker and the query encoder, and a sharded index's shards. The same classes serve ``serve
 --workers N`` (the workers' channel) and ``serve --ray`` (deployment handles), so both send the
-same things: a write as its JSON, a reranker the token rows of its pairs (made here, where the
-score cache is).
+same things: a write as its document, a reranker the token rows of its pairs (made here, where the
+score cache is). Each remote is a Protocol (:class:`~engine.live.writer.Writer`,
+:class:`~engine.shards.fanout.Shard`, :class:`RerankerCalls`), called through :class:`Remote` and
+answered from :func:`~serving.transport.served`: no carrier forwards a method by hand.
 
 A write the writer cannot take (restarting, stuck) is refused with :class:`Overloaded` (503 +
 Retry-After) while searches go on. A shard that does not answer is asked once more (the replica
@@ -13,26 +15,24 @@ an answer that says which shards it lacks (:mod:`engine.shards.fanout`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from engine.documents import DocumentIn
+from engine.live.writer import Writer
 from engine.rerank.cross_encoder import PairPreparer
 from engine.rerank.pair_cache import PairCache
-from engine.rerank.token_rows import TokenRows
+from engine.rerank.token_rows import TokenRows, WireRows
 from engine.retrieval.encoder import resolve_model
 from engine.settings import EngineSettings
 from engine.shards.fanout import Shards, ShardUnavailable, gone
 from serving.admission import Overloaded
-from serving.transport import Transport, Unreachable
-
-if TYPE_CHECKING:
-    from engine.live.writer import LiveIndex
+from serving.transport import Transport, Unreachable, methods
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # what a refused write says: about a writer's restart on a small machine
@@ -40,57 +40,72 @@ STATUS_TIMEOUT_S = 2.0
 SNAPSHOT_TIMEOUT_S = 3600.0  # a snapshot reads every byte of the index once (its checksums)
 
 
-def writer_calls(live: LiveIndex) -> dict[str, Callable[..., Any]]:
-    """What a writer answers :class:`RemoteWriter` with (``live``: its :class:`~engine.live.writer.LiveIndex`)."""
-    return {
-        "upsert": lambda document, wait: live.upsert(DocumentIn.model_validate(document), wait),
-        "delete": live.delete,
-        "document": live.document,
-        "snapshot": lambda into: live.snapshot(Path(into)),
-        "status": live.status,
-    }
+class Remote:
+    """The caller's side of a Protocol's calls on an object in another process: any of its
+    methods, sent through ``transport`` by the method's own name with its arguments bound as the
+    protocol declares them (so a keyword argument travels as the callee expects it). A subclass
+    names its ``protocol``, and overrides only what differs (a failure phrased for the doors)."""
 
-
-class RemoteWriter:
-    """An index's writer in another process as an engine's ``live``: the
-    :class:`~engine.live.writer.Writer` calls, sent through ``transport``."""
+    protocol: ClassVar[type]
+    timeouts: ClassVar[Mapping[Callable, float]] = {}  # a call that may take longer than a search's limit
 
     def __init__(self, transport: Transport, timeout_s: float) -> None:
         self.transport, self.timeout_s = transport, timeout_s
 
-    def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in methods(self.protocol):
+            raise AttributeError(f"{type(self).__name__} has no call {name!r}")
+        return functools.partial(self.call, getattr(self.protocol, name))
+
+    def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(method).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        timeout_s = self.timeouts.get(method, self.timeout_s)
+        return self.transport.call(method.__name__, *bound.args[1:], timeout_s=timeout_s)
+
+
+class RemoteWriter(Remote):
+    """An index's writer in another process as an engine's ``live``: every
+    :class:`~engine.live.writer.Writer` call, sent through ``transport``."""
+
+    protocol = Writer
+    timeouts = {Writer.snapshot: SNAPSHOT_TIMEOUT_S, Writer.status: STATUS_TIMEOUT_S}
+
+    def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self.transport.call(method, *args, timeout_s=timeout_s or self.timeout_s)
+            return super().call(method, *args, **kwargs)
         except Unreachable as exc:
-            log.warning("%s did not take %s (%s)", self.transport.name, method, exc)
+            log.warning("%s did not take %s (%s)", self.transport.name, method.__name__, exc)
             raise Overloaded(
                 f"the index's writer ({self.transport.name}) is restarting or busy; send it again (a document sent"
                 " twice is kept once)",
                 RETRY_AFTER_S,
             ) from None
 
-    def upsert(self, document: DocumentIn, wait: bool = False) -> dict:
-        return self._call("upsert", document.model_dump(mode="json"), wait)
-
-    def delete(self, document_id: str, wait: bool = False) -> dict:
-        return self._call("delete", document_id, wait)
-
-    def document(self, document_id: str) -> dict | None:
-        return self._call("document", document_id)
-
-    def snapshot(self, into: Path) -> dict:
-        return self._call("snapshot", str(into), timeout_s=SNAPSHOT_TIMEOUT_S)
-
     def status(self) -> dict:
         """The writer's own status (``refresh_error`` among it), or ``reachable: false`` and why."""
         try:
-            found = self.transport.call("status", timeout_s=STATUS_TIMEOUT_S)
+            found = Remote.call(self, Writer.status)
         except Unreachable as exc:
             return {"writer": self.transport.name, "reachable": False, "error": str(exc)}
         return {"writer": self.transport.name, "reachable": True, **found}
 
     def close(self) -> None:
         """The writer closes itself."""
+
+
+class RerankerCalls(Protocol):
+    """What a reranker in another process answers (the workers' reranker process, Ray's deployment)."""
+
+    def describe(self) -> dict:
+        """Its :data:`DESCRIBED` attributes."""
+        ...
+
+    def status(self) -> dict: ...
+
+    def score(self, wire: WireRows, lengths: np.ndarray) -> tuple[np.ndarray, float]:
+        """The rows' scores, and the seconds they took there."""
+        ...
 
 
 DESCRIBED = ("name", "device", "runtime", "max_length", "memory_context", "batch_size", "running", "gflop_per_pair")
@@ -116,7 +131,9 @@ class RemoteReranker(PairPreparer):
         """Scored there, the query's tokens sent once; a failure is the reranker's (the query is
         answered in the fused order)."""
         sort_by = np.asarray(lengths, dtype=np.int32)
-        scores, seconds = self.transport.call("score", rows.wire(), sort_by, timeout_s=self.timeout_s)
+        scores, seconds = self.transport.call(
+            RerankerCalls.score.__name__, rows.wire(), sort_by, timeout_s=self.timeout_s
+        )
         self.process_seconds += seconds
         return scores.tolist()
 
@@ -129,7 +146,7 @@ class RemoteReranker(PairPreparer):
     def status(self) -> dict:
         """The reranker's own status, or ``reachable: false`` and why."""
         try:
-            return {"reachable": True, **self.transport.call("status", timeout_s=STATUS_TIMEOUT_S)}
+            return {"reachable": True, **self.transport.call(RerankerCalls.status.__name__, timeout_s=STATUS_TIMEOUT_S)}
         except Unreachable as exc:
             return {"reachable": False, "error": str(exc)}
 

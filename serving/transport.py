@@ -8,15 +8,34 @@ written once against :class:`Transport`. Both carriers raise a callee's own decl
 (:class:`~engine.errors.ServiceError`: a 404, a 507) as raised there, and :class:`Unreachable`
 when the callee could not be reached or did not answer in time. :meth:`Transport.begin` starts a
 call without waiting, so that a query asks every shard at once and waits for them together.
+
+What may be called is a Protocol's methods (the writer's :class:`~engine.live.writer.Writer`, a
+shard's :class:`~engine.shards.fanout.Shard`): :func:`served` is the callee's side for any carrier,
+:class:`serving.remotes.Remote` the caller's, so no carrier forwards a method by hand.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine.errors import ServiceError
 from serving.worker_channel import Channel, ChannelClient, WorkerUnreachable
+
+
+@functools.cache
+def methods(protocol: type) -> frozenset[str]:
+    """The calls ``protocol`` declares: its public methods, but ``close``, which each side does for itself."""
+    declared = (name for name, value in vars(protocol).items() if inspect.isfunction(value))
+    return frozenset(name for name in declared if not name.startswith("_") and name != "close")
+
+
+def served(callee: object, protocol: type) -> dict[str, Callable[..., Any]]:
+    """``callee``'s answers to ``protocol``'s calls, by name: what a channel server or a Ray replica
+    answers with (nothing else of the callee is reachable)."""
+    return {name: getattr(callee, name) for name in methods(protocol)}
 
 
 class Unreachable(ConnectionError):
@@ -89,13 +108,14 @@ class _RayStarted:
 
 
 class RayTransport:
-    """A Ray Serve deployment, through its handle (Serve picks the replica)."""
+    """A Ray Serve deployment, through its handle (Serve picks the replica), whose ``call(method,
+    *args)`` answers from its :func:`served` table (``serving/ray_app.py: Replica``)."""
 
     def __init__(self, handle, name: str) -> None:
         self.handle, self.name = handle, name
 
     def begin(self, method: str, *args: Any) -> Pending:
-        return _RayStarted(getattr(self.handle, method).remote(*args), self.name)
+        return _RayStarted(self.handle.call.remote(method, *args), self.name)
 
     def call(self, method: str, *args: Any, timeout_s: float) -> Any:
         return self.begin(method, *args).result(timeout_s)

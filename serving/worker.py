@@ -22,16 +22,17 @@ import torch
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
+from engine.live.writer import Writer
 from engine.search.opening import Remotes
 from serving import telemetry
 from serving.a2a_tasks import WorkerTasks
 from serving.app import build_apps, door_ports, serve_apps
-from serving.remotes import RemoteQueryEncoder, RemoteReranker, RemoteWriter, writer_calls
+from serving.remotes import RemoteQueryEncoder, RemoteReranker, RemoteWriter
 from serving.reranker_process import RERANKER
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.tls import tls_options
-from serving.transport import ChannelTransport
+from serving.transport import ChannelTransport, served
 from serving.worker_channel import ChannelServer, WorkerUnreachable, call
 from serving.workers import Doors, Seat, bind
 
@@ -79,7 +80,7 @@ class WorkerService(SearchService):
         found = {"metrics": lambda: list(self.registry.collect())}
         live = self.engine.live
         if self.seat.role == "writer":
-            found |= writer_calls(live)
+            found |= served(live, Writer)
         return found
 
 

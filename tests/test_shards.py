@@ -148,17 +148,16 @@ def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(shard
     from engine.search import HybridEngine
     from engine.search.opening import Remotes, open_view
     from engine.search.shard import LocalShard
-    from engine.shards.fanout import ShardUnavailable
+    from engine.shards.fanout import Shard, ShardUnavailable
     from engine.shards.opened import shard_settings
     from serving.remotes import RemoteShards
-    from serving.transport import ChannelTransport
+    from serving.transport import ChannelTransport, served
     from serving.worker_channel import Channel, ChannelServer
 
     settings = EngineSettings(index_dir=sharded_dir, device="cpu", rerank=False)
     channel = Channel(tmp_path, os.urandom(32))
-    methods = ("statistics", "bm25", "dense", "chunks", "similarity", "holding", "document", "sample", "size")
     local = [LocalShard(open_view(shard_settings(settings, sharded_dir, i))) for i in range(SHARDS)]
-    servers = [ChannelServer(channel, i, {m: getattr(s, m) for m in methods}) for i, s in enumerate(local)]
+    servers = [ChannelServer(channel, i, served(shard, Shard)) for i, shard in enumerate(local)]
     transports = [ChannelTransport(channel, i, f"shard {i}") for i in range(SHARDS)]
     here = HybridEngine(settings)
     try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from engine.documents import Filters
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.protocol import Query, Ranking, Within
-from engine.shards.fanout import Shards
+from engine.shards.fanout import Shard, Shards
 from engine.shards.merge import by_score_then_id
 
 
@@ -72,9 +72,9 @@ class ShardedBM25:
 
     def scored(self, query: Query, k: int, filters: Filters | None) -> Ranking:
         """Every shard's top ``k``, scored as one index, not merged yet."""
-        weighted, average = weights(self.shards.ask("statistics", query.text))
+        weighted, average = weights(self.shards.ask(Shard.statistics, query.text))
         asked = [None if not w else (query, k, filters, w, average) for w in weighted]
-        return [hit for hits in self.shards.ask_each("bm25", asked) if hits for hit in hits]
+        return [hit for hits in self.shards.ask_each(Shard.bm25, asked) if hits for hit in hits]
 
     def ranked(self, query: Query, k: int, filters: Filters | None) -> Ranking:
         return by_score_then_id(self.scored(query, k, filters))[:k]
@@ -84,7 +84,7 @@ class ShardedBM25:
 
     @property
     def documents(self) -> int:
-        return sum(n or 0 for n in self.shards.ask("size"))
+        return sum(n or 0 for n in self.shards.ask(Shard.size))
 
     def close(self) -> None:
         """The shards close with :class:`ShardedStore`."""

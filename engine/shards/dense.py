@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.documents import Filters
 from engine.retrieval.protocol import Query, Ranking, Within
-from engine.shards.fanout import Shards
+from engine.shards.fanout import Shard, Shards
 
 
 class ShardedLive:
@@ -25,7 +25,7 @@ class ShardedLive:
 
     def contains(self, units: Sequence[str]) -> np.ndarray:
         held = np.zeros(len(units), dtype=bool)
-        for answer in self.shards.ask("holding", list(units), self.filters):
+        for answer in self.shards.ask(Shard.holding, list(units), self.filters):
             if answer is not None:
                 held |= np.asarray(answer, dtype=bool)
         return held
@@ -34,7 +34,7 @@ class ShardedLive:
         return isinstance(unit, str) and bool(self.contains([unit])[0])
 
     def __len__(self) -> int:
-        return sum(n or 0 for n in self.shards.ask("size"))
+        return sum(n or 0 for n in self.shards.ask(Shard.size))
 
 
 class ShardedDense:
@@ -52,7 +52,7 @@ class ShardedDense:
         return self.query_encoder(query)
 
     def ranked(self, query: Query, k: int, filters: Filters | None) -> Ranking:
-        hits = [hit for found in self.shards.ask("dense", query, k, filters) if found for hit in found]
+        hits = [hit for found in self.shards.ask(Shard.dense, query, k, filters) if found for hit in found]
         hits.sort(key=lambda hit: (-hit[1], -hit[2]))
         return [(unit, score) for unit, score, _ in hits[:k]]
 
@@ -63,6 +63,6 @@ class ShardedDense:
         """Cosine of the query and each chunk, from the shard holding it (0 for one no shard holds
         now: written away since it was found)."""
         found: dict[str, float] = {}
-        for answer in self.shards.ask("similarity", vector, unit_ids):
+        for answer in self.shards.ask(Shard.similarity, vector, unit_ids):
             found.update(answer or {})
         return [found.get(unit, 0.0) for unit in unit_ids]

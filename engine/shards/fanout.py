@@ -10,10 +10,18 @@ otherwise the search fails with a 503.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from engine.errors import ServiceError
+
+if TYPE_CHECKING:
+    from engine.documents import Filters
+    from engine.retrieval.protocol import Query, Ranking
+    from engine.shards.bm25 import ShardStatistics
+    from engine.store.docstore import Chunk
 
 _missing: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("missing_shards", default=None)
 
@@ -50,8 +58,43 @@ def missing_shards(token: contextvars.Token) -> list[int]:
     return found
 
 
+class Shard(Protocol):
+    """What a sharded search asks a shard, in the phases of Elasticsearch's ``dfs_query_then_fetch``
+    (:class:`engine.search.shard.LocalShard` answers; elsewhere, through any carrier, by these
+    names). Every argument and answer is plain data."""
+
+    def statistics(self, text: str) -> ShardStatistics:
+        """dfs: the query's terms, how many of the shard's chunks hold each, and its size."""
+        ...
+
+    def bm25(self, query: Query, k: int, filters: Filters | None, weighted: list, average: float) -> Ranking:
+        """query: the top ``k`` by ``weighted`` terms, lengths normalised by ``average`` (the corpus's)."""
+        ...
+
+    def dense(self, query: Query, k: int, filters: Filters | None) -> list[tuple[str, float, int]]:
+        """query: the top ``k`` by the query's vector, as (unit id, score, row)."""
+        ...
+
+    def chunks(self, unit_ids: Sequence[str]) -> dict[str, Chunk]:
+        """fetch: the texts of the hits merged."""
+        ...
+
+    def similarity(self, vector: np.ndarray, unit_ids: Sequence[str]) -> dict[str, float]: ...
+
+    def holding(self, unit_ids: Sequence[str], filters: Filters | None) -> list[bool]: ...
+
+    def document(self, document_id: str) -> dict | None: ...
+
+    def sample(self, n: int) -> list[Chunk]: ...
+
+    def size(self) -> int: ...
+
+
+Call = Callable[..., Any]  # a method of :class:`Shard`, named by itself rather than by a string
+
+
 class Shards:
-    """The shards of one index, asked together: ``ask(name, *args)`` calls ``name`` on each."""
+    """The shards of one index, asked together: ``ask(Shard.size)`` calls ``size`` on each."""
 
     def __init__(self, shards: Sequence[Any], partial: bool = False) -> None:
         self.shards, self.partial = list(shards), partial
@@ -59,17 +102,18 @@ class Shards:
     def __len__(self) -> int:
         return len(self.shards)
 
-    def ask(self, name: str, *args: Any) -> list[Any]:
-        """Each shard's answer to ``name(*args)``; None for a shard missing from a partial search."""
-        return self.answers(name, [args] * len(self.shards))
+    def ask(self, call: Call, *args: Any) -> list[Any]:
+        """Each shard's answer to ``call(*args)``; None for a shard missing from a partial search."""
+        return self.answers(call.__name__, [args] * len(self.shards))
 
-    def ask_each(self, name: str, args: Sequence[tuple | None]) -> list[Any]:
-        """Shard ``i``'s answer to ``name(*args[i])`` (None in ``args``: not asked, None answered)."""
-        return self.answers(name, args)
+    def ask_each(self, call: Call, args: Sequence[tuple | None]) -> list[Any]:
+        """Shard ``i``'s answer to ``call(*args[i])`` (None in ``args``: not asked, None answered)."""
+        return self.answers(call.__name__, args)
 
-    def one(self, shard: int, name: str, *args: Any) -> Any:
+    def one(self, shard: int, call: Call, *args: Any) -> Any:
         """Shard ``shard``'s answer (a document's: no other shard holds it)."""
-        return self.answers(name, [args if i == shard else None for i in range(len(self.shards))])[shard]
+        asked = [args if i == shard else None for i in range(len(self.shards))]
+        return self.answers(call.__name__, asked)[shard]
 
     def answers(self, name: str, args: Sequence[tuple | None]) -> list[Any]:
         """Here, one shard after another; remote shards override it to ask them all at once."""
@@ -78,7 +122,7 @@ class Shards:
 
     def status(self) -> list[dict]:
         """Each shard's chunks, or why it does not answer (what /health shows)."""
-        return [{"shard": i, "chunks": n} for i, n in enumerate(self.ask("size"))]
+        return [{"shard": i, "chunks": n} for i, n in enumerate(self.ask(Shard.size))]
 
     def went_without(self, failed: Sequence[int], cause: str) -> None:
         """``failed`` did not answer: noted for a partial answer, else the search fails (503)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.shards.fanout import Shards
+from engine.shards.fanout import Shard, Shards
 from engine.store.docstore import Chunk
 from engine.store.index_dir import shard_of
 
@@ -19,19 +19,19 @@ class ShardedStore:
     def chunks(self, unit_ids: Iterable[str]) -> dict[str, Chunk]:
         ids = list(dict.fromkeys(unit_ids))
         found: dict[str, Chunk] = {}
-        for answer in self.shards.ask("chunks", ids) if ids else ():
+        for answer in self.shards.ask(Shard.chunks, ids) if ids else ():
             found.update(answer or {})
         return found
 
     def document(self, document_id: str) -> dict | None:
-        return self.shards.one(shard_of(document_id, len(self.shards)), "document", document_id)
+        return self.shards.one(shard_of(document_id, len(self.shards)), Shard.document, document_id)
 
     def sample(self, n: int) -> list[Chunk]:
         each = -(-n // len(self.shards))
-        return [chunk for found in self.shards.ask("sample", each) for chunk in found or ()][:n]
+        return [chunk for found in self.shards.ask(Shard.sample, each) for chunk in found or ()][:n]
 
     def count(self) -> int:
-        return sum(n or 0 for n in self.shards.ask("size"))
+        return sum(n or 0 for n in self.shards.ask(Shard.size))
 
     def close(self) -> None:
         self.shards.close()
