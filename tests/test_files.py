@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -139,9 +138,20 @@ def test_without_judgments_rrf_serves_and_similarity_falls_down_the_list(files_i
     assert len(reranked.search("statins and cholesterol", 3)) == 3
 
 
-def test_init_then_ingest_then_search_from_the_command_line(folder, tmp_path):
+def test_init_then_ingest_then_search_from_the_command_line(folder, tmp_path, capsys):
+    """The commands through ``main`` in this process (a subprocess each cost an interpreter, torch and
+    a JVM started again: 5 of them, most of this test's time)."""
+    from types import SimpleNamespace
+
+    from cli.main import main
+
     index = tmp_path / "mine"
-    run = lambda *args: subprocess.run(CLI + list(args), cwd=ROOT, capture_output=True, text=True)  # noqa: E731
+
+    def run(*args: str) -> SimpleNamespace:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
     made = run("init", "--index-dir", str(index), "--device", "cpu")
     assert made.returncode == 0 and (index / "manifest.json").is_file(), made.stderr
     empty = run("search", "anything", "--index-dir", str(index), "--json", "--device", "cpu")
