@@ -36,7 +36,9 @@ async def door_load(
     """``queries`` sent by ``concurrency`` clients at once (MCP: one session each): QPS and percentiles.
     The ``rerank`` door (``/v1/rerank``) sends each query with ``documents`` and asks for ``top_k``.
     ``bodies`` (REST): each query sent once per named body, these fields added to it, one after the
-    other, so that what they cost is timed under one load; percentiles by name under ``bodies``.
+    other (each body first in turn), so that what they cost is timed under one load; percentiles by
+    name under ``bodies``. A server's caches (``--rerank-cache-size 0``) still favour whichever
+    body comes second: time bodies with them off.
 
     REST and A2A go through aiohttp, kept-alive connections, one a client: the load client shares the
     server's cores here, and httpx spent several times aiohttp's CPU a request (docs/experiments.md,
@@ -49,8 +51,9 @@ async def door_load(
     latencies: dict[str, list[float]] = {name: [] for name in named}
     errors: Counter[str] = Counter()  # what failed, so that a run with errors says why
     queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-    for query in queries:
-        for name in named:
+    for i, query in enumerate(queries):  # each body first for as many queries as the others: a query's
+        order = list(named)  # second sending finds what the first left in the server's caches
+        for name in order[i % len(order) :] + order[: i % len(order)]:
             queue.put_nowait((name, query))
 
     async def worker(client: aiohttp.ClientSession, session) -> None:
