@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n  hybrid-search serve --build-if-missing\n"
         "  hybrid-search serve --index-dir indexes/docs --host 0.0.0.0 --reranker ../models/reranker\n"
         "  hybrid-search serve --workers 4\n"
+        "  hybrid-search serve --indexes indexes   # each index folder in it, by name (docs/collections.md)\n"
         "  hybrid-search serve --ray --search-replicas 2-8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
