@@ -151,12 +151,14 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(index_dir, pki, tmp_p
         (("missing", "key"), "file not found"),
     ],
 )
-def test_bad_tls_files_stop_serve_with_a_clear_message(index_dir, pki, tmp_path, files, message):
+def test_bad_tls_files_stop_serve_with_a_clear_message(index_dir, pki, tmp_path, files, message, capsys):
+    """Through ``main`` in this process: serve reads the TLS files before it loads anything."""
+    from cli.main import main
+
     cert, key = files
     args = ["--tls-cert", str(pki.get(cert, tmp_path / "missing.pem"))]
     if key:
         args += ["--tls-key", str(pki[key])]
-    done = subprocess.run(
-        CLI + serve_args(index_dir, free_port(), *args), cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    assert main(serve_args(index_dir, free_port(), *args)) == 2
+    stderr = capsys.readouterr().err
+    assert message in stderr and "Traceback" not in stderr
