@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import threading
 import time
 
 import httpx
 import pytest
 
-from offline.server_process import free_port, start_server, stop_server, wait_until_up
+from offline.server_process import CLI, ROOT, free_port, start_server, stop_server, wait_until_up
 from tests.helpers import a2a_v1_send, fails_to_serve, only_doc_ids
 
 FAST = ["--device", "cpu", "--warmup-searches", "0", "--rerank-depth", "4", "--query-timeout", "30"]
@@ -150,6 +151,16 @@ def test_a_collection_is_made_empty_written_and_dropped_and_an_aliased_one_is_ke
     assert http.delete("/collections/scratch").json() == {"dropped": "scratch", "running": 0}
     assert _search(http, "/collections/scratch/search").status_code == 404
     assert not (collections_dir / "scratch").exists()
+
+
+def test_a_folder_made_by_the_cli_is_served_from_its_first_request(served, collections_dir):
+    run = subprocess.run(
+        [*CLI, "init", "--index-dir", str(collections_dir / "from_cli")], cwd=ROOT, capture_output=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    health = served["http"].get("/collections/from_cli/health")
+    assert health.status_code == 200 and health.headers["x-collection"] == "from_cli"
+    assert health.json()["documents"] == 0
 
 
 def test_a_collection_is_built_from_a_folder_in_the_background_with_its_progress(served, beir_dir):
