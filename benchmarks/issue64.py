@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from engine.documents import DocumentIn, FacetRequest, SearchFilters, SearchRequest
+from engine.search import answers
 from engine.settings import EngineSettings
 from offline.dataset import load_dataset
 from offline.latency import machine_name, percentiles
@@ -237,7 +238,7 @@ def _highlights(engine, queries: list[str]) -> dict:
     seconds, sentences, exact = [], [], True
     for query in queries:
         result = engine.stages(query, 5)
-        hits = engine.hits(result, 5)
+        hits = answers.hits(engine, result, 5)
         texts = [h.text for h in hits]
         started = time.perf_counter()
         found = highlights(SentenceVectors(), engine.dense.query_encoder, result.query_vector, texts, 2)  # cold

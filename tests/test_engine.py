@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 from engine.rerank.cross_encoder import Reranker, RerankerError
-from engine.search import HybridEngine
+from engine.search import HybridEngine, answers
 from engine.settings import EngineSettings
 from engine.store.index_dir import MANIFEST_FILE, IndexDirError, read_manifest
 from tests.helpers import retrieved
@@ -91,7 +91,7 @@ def test_reranker_order_is_respected(index_dir, reranker_dir):
     direct = engine.reranker.score("coffee and liver enzymes", engine.rerank_passages("", head, 0))
     expected = [d for _, d in sorted(zip(direct, head, strict=True), key=lambda p: -p[0])]
     assert [d for d, _ in result.reranked] == expected
-    hits = engine.hits(result, 6)
+    hits = answers.hits(engine, result, 6)
     assert [h.doc_id for h in hits] == expected
     assert all(h.rerank_score == h.score for h in hits)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
@@ -136,7 +136,7 @@ def test_blended_reranking_keeps_rerank_scores_apart(index_dir, reranker_dir):
     result = engine.stages("coffee and liver enzymes", top_k=6)
     head = [d for d, _ in result.fused[:6]]
     assert set(result.rerank_scores) == set(head)
-    hits = engine.hits(result, 6)
+    hits = answers.hits(engine, result, 6)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert all(h.rerank_score == result.rerank_scores[h.doc_id] for h in hits)
 

@@ -1,5 +1,5 @@
-"""The search pipeline: loading an index (:mod:`.hybrid`), the stages a query runs (:mod:`.stages`),
-and what comes back (:mod:`.results`)."""
+"""The search pipeline: opening an index (:mod:`.opening`), the engine over it (:mod:`.hybrid`), the
+stages a query runs (:mod:`.stages`), and what comes back (:mod:`.answers`, :mod:`.results`)."""
 
 from engine.search.hybrid import HybridEngine
 from engine.search.results import AS_LOADED, Hit, SearchOptions, StageResult
