@@ -93,7 +93,8 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
 
 def dev_recall(target: Path, vectors: Path, queries: list[str], manifest: dict) -> dict:
     """Recall@100 of the built dense index against exact search, on ``queries`` encoded by the
-    index's encoder, searched as the engine searches it (its nprobe, or efSearch 128)."""
+    index's encoder, searched as the engine searches it (its nprobe, or its efSearch; a graph's
+    also at each efSearch from 128 to 2048)."""
     import faiss
 
     from engine.retrieval.encoder import encode, load_encoder
@@ -104,12 +105,21 @@ def dev_recall(target: Path, vectors: Path, queries: list[str], manifest: dict) 
     probes = np.ascontiguousarray(encode(encoder, queries), dtype=np.float32)
     index = faiss.read_index(str(target / "dense.faiss"))
     kind = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
-    if hasattr(kind, "hnsw"):
-        kind.hnsw.efSearch = EngineSettings().hnsw_ef_search
     truth = _exact(np.load(vectors, mmap_mode="r"), probes, 100, None)
-    _, found = index.search(probes, 100)
-    recall = float(np.mean([len(set(f) & set(t)) / 100 for f, t in zip(found, truth, strict=True)]))
-    return {"queries": len(queries), "recall_at_100": round(recall, 4)}
+
+    def recall() -> float:
+        _, found = index.search(probes, 100)
+        return round(float(np.mean([len(set(f) & set(t)) / 100 for f, t in zip(found, truth, strict=True)])), 4)
+
+    if not hasattr(kind, "hnsw"):
+        return {"queries": len(queries), "recall_at_100": recall()}
+    built = kind.hnsw.efSearch  # as a server searches it: the build's, or the setting's if wider
+    swept = {}
+    for ef in (128, 256, 512, 1024, 2048):
+        kind.hnsw.efSearch = ef
+        swept[ef] = recall()
+    kind.hnsw.efSearch = max(built, EngineSettings().hnsw_ef_search)
+    return {"queries": len(queries), "ef_search": kind.hnsw.efSearch, "recall_at_100": recall(), "by_ef_search": swept}
 
 
 def in_process(target: Path, queries: list[str]) -> dict:
