@@ -72,7 +72,9 @@ class EngineSettings(BaseModel):
     rrf_k: float = Field(10.0, gt=0, description="reciprocal rank fusion constant k (tuned on dev)")
     bm25_weight: float = Field(1.0, ge=0, description="BM25 weight in RRF")
     dense_weight: float = Field(1.0, ge=0, description="dense weight in RRF")
-    hnsw_ef_search: int = Field(128, ge=1, description="HNSW search breadth (an hnsw dense index only)")
+    hnsw_ef_search: int = Field(
+        128, ge=1, description="HNSW search breadth, at least (an hnsw index searches as wide as its build tuned)"
+    )
     warmup_searches: int = Field(
         5000,
         ge=0,
