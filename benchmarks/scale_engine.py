@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,13 +33,46 @@ NOISE_SIGMA = 0.03
 CORPUS_VERSION = 2  # 2: the distractors carry metadata.document_type
 
 
+Block = Callable[[int, int], tuple[np.ndarray, list[dict]]]  # (start, size) -> vectors, records
+
+
 def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
-    """``out``: a BEIR folder (NFCorpus's queries and judgments, its corpus and ``n`` distractors)
-    and ``vectors.npy`` in the corpus's order. Made once per size."""
+    """``out``: NFCorpus and ``n`` distractors, each a shuffled, shortened copy of one abstract
+    (:func:`corpus_beside`)."""
+
+    def copies(records: list[dict], known: np.ndarray) -> Block:
+        rng, shuffle = np.random.default_rng(0), random.Random(0)
+        sentences = [re.split(r"(?<=[.!?])\s+", r["text"]) for r in records]
+
+        def block(start: int, size: int) -> tuple[np.ndarray, list[dict]]:
+            sources = rng.integers(0, len(records), size)
+            made = []
+            for i, source in enumerate(sources):
+                parts = list(sentences[source])
+                shuffle.shuffle(parts)
+                words = [w for w in " ".join(parts).split() if shuffle.random() > 0.2]
+                kind = "review" if (start + i) % 10 == 0 else "abstract"
+                made.append(
+                    {"_id": f"X{start + i}", "title": "", "text": " ".join(words), "metadata": {"document_type": kind}}
+                )
+            return known[sources] + rng.normal(0, NOISE_SIGMA, (size, known.shape[1])).astype(np.float32), made
+
+        return block
+
+    return corpus_beside(data, index_dir, n, out, CORPUS_VERSION, copies)
+
+
+def corpus_beside(
+    data: Path, index_dir: Path, n: int, out: Path, version: int, passages: Callable[[list[dict], np.ndarray], Block]
+) -> Path:
+    """``out``: a BEIR folder (NFCorpus's queries and judgments, its corpus and ``n`` passages) and
+    ``vectors.npy`` in the corpus's order, the abstracts' vectors the ones ``index_dir`` holds.
+    ``passages(records, vectors)`` makes the passages a block at a time, their vectors before
+    normalising. Made once per size and ``version``."""
     import faiss
 
     marker = out / "made.json"
-    if (out / "vectors.npy").is_file() and marker.is_file() and json.loads(marker.read_text()) == CORPUS_VERSION:
+    if (out / "vectors.npy").is_file() and marker.is_file() and json.loads(marker.read_text()) == version:
         return out
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(data / "queries.jsonl", out / "queries.jsonl")
@@ -48,36 +82,23 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
     base = faiss.downcast_index(index.index)
     known = np.zeros((base.ntotal, base.d), dtype=np.float32)
     known[faiss.vector_to_array(index.id_map)] = base.reconstruct_n(0, base.ntotal)
-    rng, shuffle = np.random.default_rng(0), random.Random(0)
     vectors = np.lib.format.open_memmap(
         out / "vectors.npy", mode="w+", dtype=np.float32, shape=(len(records) + n, base.d)
     )
     vectors[: len(records)] = known  # BEIR's corpus order is the store's row order
-    sentences = [re.split(r"(?<=[.!?])\s+", r["text"]) for r in records]
+    block = passages(records, known)
     with open(out / "corpus.jsonl", "w") as fh:
         for record in records:
             fh.write(json.dumps(record) + "\n")
         for start in range(0, n, 100_000):
             size = min(100_000, n - start)
-            sources = rng.integers(0, len(records), size)
-            noisy = known[sources] + rng.normal(0, NOISE_SIGMA, (size, base.d)).astype(np.float32)
-            vectors[len(records) + start : len(records) + start + size] = noisy / np.linalg.norm(
-                noisy, axis=1, keepdims=True
-            )
-            for i, source in enumerate(sources):
-                parts = list(sentences[source])
-                shuffle.shuffle(parts)
-                words = [w for w in " ".join(parts).split() if shuffle.random() > 0.2]
-                kind = "review" if (start + i) % 10 == 0 else "abstract"
-                record = {
-                    "_id": f"X{start + i}",
-                    "title": "",
-                    "text": " ".join(words),
-                    "metadata": {"document_type": kind},
-                }
+            noisy, made = block(start, size)
+            at = len(records) + start
+            vectors[at : at + size] = noisy / np.linalg.norm(noisy, axis=1, keepdims=True)
+            for record in made:
                 fh.write(json.dumps(record) + "\n")
     vectors.flush()
-    marker.write_text(json.dumps(CORPUS_VERSION))
+    marker.write_text(json.dumps(version))
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import options
+from benchmarks.scale_engine import Block, corpus_beside
 from benchmarks.scale_serving import measure
 from offline.dataset import load_dataset
 from offline.records import write_result
@@ -38,39 +39,19 @@ CORPUS_VERSION = 1
 
 
 def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
-    """``out``: a BEIR folder (NFCorpus's queries and judgments, its corpus and ``n`` mixed passages)
-    and ``vectors.npy`` in the corpus's order. Made once per size."""
-    import faiss
+    """``out``: NFCorpus and ``n`` passages each mixing a sentence or two of :data:`MIXED` random
+    abstracts, its vector their vectors' normalised mean plus noise (:func:`corpus_beside`)."""
 
-    marker = out / "made.json"
-    if (out / "vectors.npy").is_file() and marker.is_file() and json.loads(marker.read_text()) == CORPUS_VERSION:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(data / "queries.jsonl", out / "queries.jsonl")
-    shutil.copytree(data / "qrels", out / "qrels", dirs_exist_ok=True)
-    records = [json.loads(line) for line in (data / "corpus.jsonl").open()]
-    index = faiss.read_index(str(index_dir / "dense.faiss"))
-    base = faiss.downcast_index(index.index)
-    known = np.zeros((base.ntotal, base.d), dtype=np.float32)
-    known[faiss.vector_to_array(index.id_map)] = base.reconstruct_n(0, base.ntotal)
-    rng, shuffle = np.random.default_rng(0), random.Random(0)
-    vectors = np.lib.format.open_memmap(
-        out / "vectors.npy", mode="w+", dtype=np.float32, shape=(len(records) + n, base.d)
-    )
-    vectors[: len(records)] = known  # BEIR's corpus order is the store's row order
-    sentences = [[s for s in re.split(r"(?<=[.!?])\s+", r["text"]) if s] or [r["title"]] for r in records]
-    with open(out / "corpus.jsonl", "w") as fh:
-        for record in records:
-            fh.write(json.dumps(record) + "\n")
-        for start in range(0, n, 100_000):
-            size = min(100_000, n - start)
+    def mixed(records: list[dict], known: np.ndarray) -> Block:
+        rng, shuffle = np.random.default_rng(0), random.Random(0)
+        sentences = [[s for s in re.split(r"(?<=[.!?])\s+", r["text"]) if s] or [r["title"]] for r in records]
+
+        def block(start: int, size: int) -> tuple[np.ndarray, list[dict]]:
             sources = rng.integers(0, len(records), (size, MIXED))
             mean = known[sources].mean(axis=1)
             mean /= np.linalg.norm(mean, axis=1, keepdims=True)
-            noisy = mean + rng.normal(0, NOISE_SIGMA, (size, base.d)).astype(np.float32)
-            vectors[len(records) + start : len(records) + start + size] = noisy / np.linalg.norm(
-                noisy, axis=1, keepdims=True
-            )
+            noisy = mean + rng.normal(0, NOISE_SIGMA, (size, known.shape[1])).astype(np.float32)
+            made = []
             for i, four in enumerate(sources):
                 picked = []
                 for source in four:
@@ -79,16 +60,14 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
                     picked += own[at : at + shuffle.choice((1, 2))]
                 shuffle.shuffle(picked)
                 kind = "review" if (start + i) % 10 == 0 else "abstract"
-                record = {
-                    "_id": f"M{start + i}",
-                    "title": "",
-                    "text": " ".join(picked),
-                    "metadata": {"document_type": kind},
-                }
-                fh.write(json.dumps(record) + "\n")
-    vectors.flush()
-    marker.write_text(json.dumps(CORPUS_VERSION))
-    return out
+                made.append(
+                    {"_id": f"M{start + i}", "title": "", "text": " ".join(picked), "metadata": {"document_type": kind}}
+                )
+            return noisy, made
+
+        return block
+
+    return corpus_beside(data, index_dir, n, out, CORPUS_VERSION, mixed)
 
 
 def dev_recall(target: Path, vectors: Path, queries: list[str], manifest: dict) -> dict:
