@@ -183,7 +183,7 @@ def test_bm25_in_parts_on_two_processes_scores_as_one_writer_and_resumes_by_part
     try:
         assert merged.documents == one.documents == sum(corpus.chunk_counts())
         for query in ("caffeine and the liver", "vitamin D bone density", "coffee"):
-            assert merged.search(query, 50) == one.search(query, 50) and one.search(query, 50), query
+            assert retrieved(merged, query, 50) == retrieved(one, query, 50) and retrieved(one, query, 50), query
     finally:
         one.close(), merged.close()
 
