@@ -30,7 +30,7 @@ from engine.rerank.pair_cache import PairCache
 from engine.rerank.token_rows import TokenRows, WireRows
 from engine.retrieval.encoder import resolve_model
 from engine.settings import EngineSettings
-from engine.shards.fanout import Shards, ShardUnavailable, gone
+from engine.shards.fanout import Shard, Shards, ShardUnavailable, gone
 from serving.admission import Overloaded
 from serving.transport import Transport, Unreachable, methods
 
@@ -193,14 +193,14 @@ class RemoteShards(Shards):
                 failed[i] = str(exc)
         return failed
 
-    def one(self, shard: int, name: str, *args: Any) -> Any:
+    def one(self, shard: int, call: Callable, *args: Any) -> Any:
         """Shard ``shard``'s answer (a document's), asked twice; a 503 when it does not answer, never
         a "not found" in its place."""
         try:
-            return self.shards[shard].call(name, *args, timeout_s=self.timeout_s)
+            return self.shards[shard].call(call.__name__, *args, timeout_s=self.timeout_s)
         except Unreachable:
             try:
-                return self.shards[shard].call(name, *args, timeout_s=self.timeout_s)
+                return self.shards[shard].call(call.__name__, *args, timeout_s=self.timeout_s)
             except Unreachable as exc:
                 raise ShardUnavailable([shard], str(exc)) from None
 
@@ -208,7 +208,7 @@ class RemoteShards(Shards):
         found = []
         for i, transport in enumerate(self.shards):
             try:
-                found.append({"shard": i, "chunks": transport.call("size", timeout_s=STATUS_TIMEOUT_S)})
+                found.append({"shard": i, "chunks": transport.call(Shard.size.__name__, timeout_s=STATUS_TIMEOUT_S)})
             except Unreachable as exc:
                 found.append({"shard": i, "reachable": False, "error": str(exc)})
         return found

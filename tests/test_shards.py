@@ -167,6 +167,8 @@ def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(shard
                 assert [(h.doc_id, h.score) for h in remote.search(query, 5)] == [
                     (h.doc_id, h.score) for h in here.search(query, 5)
                 ]
+            held = here.search(QUERIES[0], 1)[0].document_id  # a document asked of the one shard holding it
+            assert remote.store.document(held) == here.store.document(held) is not None
             remote.close()
         servers[1].close(5)
         partial = HybridEngine(settings, remotes=Remotes(shards=RemoteShards(transports, 5, True)))
