@@ -48,18 +48,7 @@ log = logging.getLogger(__name__)
 SKILL_ID = "nfcorpus_retrieval"
 DETAILS = ("group_by", "highlight", "context")  # asked for, a reply carries REST's results
 # what only the MCP server's general tool takes: a message that sets any of them is sent there
-GENERAL = {
-    *DETAILS,
-    "filters",
-    "similarity_threshold",
-    "explain",
-    "fusion",
-    "rerank",
-    "retrievers",
-    "group_size",
-    "paginate",
-    "page_token",
-}
+GENERAL = set(SearchRequest.model_fields) - {"query", "top_k"}
 
 
 class DocSearch(Protocol):

@@ -137,23 +137,7 @@ def build_mcp_server(served: SearchService | Collections) -> MCPServer:
         " around each hit.",
     )
     @with_collection(served)
-    @takes(
-        served.search_request,
-        "query",
-        "top_k",
-        "filters",
-        "similarity_threshold",
-        "explain",
-        "fusion",
-        "rerank",
-        "retrievers",
-        "group_by",
-        "group_size",
-        "paginate",
-        "page_token",
-        "highlight",
-        "context",
-    )
+    @takes(served.search_request, *served.search_request.model_fields)  # the whole request model
     async def search(**arguments) -> ChunkResponse:
         return to_chunks(await searched(served.search_request, arguments))
 
