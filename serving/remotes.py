@@ -58,10 +58,16 @@ class Remote:
         return functools.partial(self.call, getattr(self.protocol, name))
 
     def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
-        bound = inspect.signature(method).bind(self, *args, **kwargs)
+        bound = _signature(method).bind(self, *args, **kwargs)
         bound.apply_defaults()
         timeout_s = self.timeouts.get(method, self.timeout_s)
         return self.transport.call(method.__name__, *bound.args[1:], timeout_s=timeout_s)
+
+
+@functools.cache
+def _signature(method: Callable) -> inspect.Signature:
+    """A Protocol method's signature, read once (a write or a shard call binds its arguments to it)."""
+    return inspect.signature(method)
 
 
 class RemoteWriter(Remote):
