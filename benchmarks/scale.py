@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.scale_engine import FAMILIES
 from engine.retrieval.dense import build_faiss
 from engine.retrieval.encoder import encode, load_encoder
 from engine.settings import EngineSettings
@@ -69,6 +70,12 @@ def main() -> None:
     )
     parser.add_argument("--distractors", type=int, default=1_000_000, help="with --engine: passages added")
     parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="copies",
+        help="with --engine: which abstracts the distractors copy (benchmarks/scale_engine.py)",
+    )
+    parser.add_argument(
         "--resume-check",
         action="store_true",
         help="with --engine: build again, kill it with SIGKILL at half the first build's time, run it again,"
@@ -104,10 +111,17 @@ def main() -> None:
 
         out = Path("benchmarks/results") / machine_name()
         found = run(
-            settings.build.data_dir, settings.engine.index_dir, args.distractors, args.work, out, args.resume_check
+            settings.build.data_dir,
+            settings.engine.index_dir,
+            args.distractors,
+            args.work,
+            out,
+            args.resume_check,
+            args.family,
         )
         print(json.dumps(found, indent=2))
-        write_result(out / f"scale-engine-{args.distractors}.json", found, vars(args))
+        name = f"{args.distractors}" if args.family == "copies" else f"{args.family}-{args.distractors}"
+        write_result(out / f"scale-engine-{name}.json", found, vars(args))
         return
     flat = faiss.read_index(str(settings.engine.index_dir / DENSE_FILE))
     base = flat.reconstruct_n(0, flat.ntotal)

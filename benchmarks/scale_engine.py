@@ -11,6 +11,15 @@ encoding a million texts on a CPU. Every tenth distractor is a ``review`` (its r
 chunks. The real abstracts keep the vectors the index of ``--index-dir`` holds. The build takes
 them with ``--vectors``; then the dev table (``evaluate --split dev``, no reranker) and
 one-query-at-a-time latency in process, unfiltered and filtered to the reviews.
+
+Families (``--family``): ``copies`` takes any abstract, the judged ones too, so a dev query's
+relevant document competes with its own copies, which are judged irrelevant; ``unjudged`` takes
+only the abstracts no dev query judges, so no distractor copies an answer and the figures measure
+finding answers among look-alikes of other answers; ``unjudged-titled`` keeps the source's title
+too. Every distractor records its source (``metadata.source``: the abstract's id), which
+:func:`sources` reads back so a run can be scored source-collapsed, and a ``year`` (1925-2024,
+uniform, from its own random stream: ``year >= 2015`` holds ~10% of the chunks, ``year >= 2024``
+~1%), the numeric field a range filter takes at size.
 """
 
 from __future__ import annotations
@@ -28,42 +37,66 @@ from pathlib import Path
 
 import numpy as np
 
+from offline.dataset import load_dataset
+
 ROOT = Path(__file__).resolve().parents[1]
 NOISE_SIGMA = 0.03
-CORPUS_VERSION = 2  # 2: the distractors carry metadata.document_type
+CORPUS_VERSION = 3  # 2: metadata.document_type; 3: metadata.source and year, families
+FAMILIES = ("copies", "unjudged", "unjudged-titled")
+YEARS = (1925, 2025)
 
 
 Block = Callable[[int, int], tuple[np.ndarray, list[dict]]]  # (start, size) -> vectors, records
 
 
-def make_corpus(data: Path, index_dir: Path, n: int, out: Path) -> Path:
-    """``out``: NFCorpus and ``n`` distractors, each a shuffled, shortened copy of one abstract
-    (:func:`corpus_beside`)."""
+def make_corpus(data: Path, index_dir: Path, n: int, out: Path, family: str = "copies") -> Path:
+    """``out``: NFCorpus and ``n`` distractors of ``family`` (module doc), each a shuffled,
+    shortened copy of one abstract (:func:`corpus_beside`)."""
+    if family not in FAMILIES:
+        raise SystemExit(f"--family {family!r}: one of {', '.join(FAMILIES)}")
+    judged = {doc for judged in load_dataset(data).qrels("dev").values() for doc in judged}
 
     def copies(records: list[dict], known: np.ndarray) -> Block:
-        rng, shuffle = np.random.default_rng(0), random.Random(0)
+        rng, shuffle, years = np.random.default_rng(0), random.Random(0), np.random.default_rng(1)
+        pool = np.arange(len(records))
+        if family != "copies":
+            pool = np.asarray([i for i, r in enumerate(records) if r["_id"] not in judged])
         sentences = [re.split(r"(?<=[.!?])\s+", r["text"]) for r in records]
 
         def block(start: int, size: int) -> tuple[np.ndarray, list[dict]]:
-            sources = rng.integers(0, len(records), size)
+            sources = pool[rng.integers(0, len(pool), size)]
+            year = years.integers(*YEARS, size)
             made = []
             for i, source in enumerate(sources):
                 parts = list(sentences[source])
                 shuffle.shuffle(parts)
                 words = [w for w in " ".join(parts).split() if shuffle.random() > 0.2]
                 kind = "review" if (start + i) % 10 == 0 else "abstract"
-                made.append(
-                    {"_id": f"X{start + i}", "title": "", "text": " ".join(words), "metadata": {"document_type": kind}}
-                )
+                title = records[source]["title"] if family == "unjudged-titled" else ""
+                metadata = {"document_type": kind, "source": records[source]["_id"], "year": int(year[i])}
+                made.append({"_id": f"X{start + i}", "title": title, "text": " ".join(words), "metadata": metadata})
             return known[sources] + rng.normal(0, NOISE_SIGMA, (size, known.shape[1])).astype(np.float32), made
 
         return block
 
-    return corpus_beside(data, index_dir, n, out, CORPUS_VERSION, copies)
+    return corpus_beside(data, index_dir, n, out, [CORPUS_VERSION, family], copies)
+
+
+def sources(corpus: Path) -> dict[str, str]:
+    """Each distractor's source document, read off ``corpus.jsonl`` (records without one are absent)."""
+    found = {}
+    with open(corpus / "corpus.jsonl") as fh:
+        for line in fh:
+            if '"source"' in line:
+                record = json.loads(line)
+                source = record.get("metadata", {}).get("source")
+                if isinstance(source, str):
+                    found[record["_id"]] = source
+    return found
 
 
 def corpus_beside(
-    data: Path, index_dir: Path, n: int, out: Path, version: int, passages: Callable[[list[dict], np.ndarray], Block]
+    data: Path, index_dir: Path, n: int, out: Path, version: object, passages: Callable[[list[dict], np.ndarray], Block]
 ) -> Path:
     """``out``: a BEIR folder (NFCorpus's queries and judgments, its corpus and ``n`` passages) and
     ``vectors.npy`` in the corpus's order, the abstracts' vectors the ones ``index_dir`` holds.
@@ -102,14 +135,17 @@ def corpus_beside(
     return out
 
 
-def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check: bool = False) -> dict:
+def run(
+    data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check: bool = False, family: str = "copies"
+) -> dict:
     """Build, evaluate and time; the figures as a dict (written by the caller). ``resume_check``: a
     second build killed at half the first's time and run again, its dev rankings set beside."""
 
     started = time.perf_counter()
-    corpus = make_corpus(data, index_dir, n, work / f"corpus-{n}")
+    name = str(n) if family == "copies" else f"{family}-{n}"
+    corpus = make_corpus(data, index_dir, n, work / f"corpus-{name}", family)
     made = time.perf_counter() - started
-    target = work / f"index-{n}"
+    target = work / f"index-{name}"
     shutil.rmtree(target, ignore_errors=True)
     cli = [sys.executable, "-m", "cli.main"]
     build = cli + ["build", "--data", str(corpus), "--index-dir", str(target), "--vectors", str(corpus / "vectors.npy")]
@@ -118,7 +154,7 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check
     build_s = time.perf_counter() - started
     peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
     manifest = json.loads((target / "manifest.json").read_text())
-    evaluation = out / f"eval-dev-{n}"
+    evaluation = out / f"eval-dev-{name}"
     evaluate = cli + ["evaluate", "--split", "dev", "--data", str(corpus), "--no-rerank"]
     subprocess.run(evaluate + ["--index-dir", str(target), "--output", str(evaluation)], cwd=ROOT, check=True)
     resumed = resumed_build(build, target, build_s, evaluate, evaluation) if resume_check else None
@@ -126,6 +162,7 @@ def run(data: Path, index_dir: Path, n: int, work: Path, out: Path, resume_check
     return {
         "chunks": manifest["settings"]["chunks"],
         "distractors": n,
+        "family": family,
         "corpus_seconds": round(made, 1),
         "build_seconds": round(build_s, 1),
         "build_peak_rss_gib": round(peak_gib, 2),
@@ -143,7 +180,6 @@ def time_in_process(data: Path, target: Path) -> dict:
     from engine.documents import Filters
     from engine.search import HybridEngine
     from engine.settings import EngineSettings
-    from offline.dataset import load_dataset
     from offline.latency import percentiles
 
     engine = HybridEngine(EngineSettings(index_dir=target, rerank=False))
