@@ -98,12 +98,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the phases' progress
     settings = Settings()
+    name = f"{args.distractors}" if args.family == "copies" else f"{args.family}-{args.distractors}"
     if args.engine and args.timing_only:  # the index an earlier run built in --work, timed again
         from benchmarks.scale_engine import time_in_process
 
-        found = time_in_process(settings.build.data_dir, args.work / f"index-{args.distractors}")
+        found = time_in_process(args.work / f"corpus-{name}", args.work / f"index-{name}")
         print(json.dumps(found, indent=2))
-        out = Path("benchmarks/results") / machine_name() / f"scale-engine-{args.distractors}-timing.json"
+        out = Path("benchmarks/results") / machine_name() / f"scale-engine-{name}-timing.json"
         write_result(out, found, vars(args))
         return
     if args.engine:
@@ -120,7 +121,6 @@ def main() -> None:
             args.family,
         )
         print(json.dumps(found, indent=2))
-        name = f"{args.distractors}" if args.family == "copies" else f"{args.family}-{args.distractors}"
         write_result(out / f"scale-engine-{name}.json", found, vars(args))
         return
     flat = faiss.read_index(str(settings.engine.index_dir / DENSE_FILE))
