@@ -155,9 +155,9 @@ def lancedb_peer(
     return Peer("LanceDB hybrid" + (" IVF_PQ" if ivf_pq else ""), what, search, build_s)
 
 
-def bm25s_peer(corpus: Corpus, k1: float, b: float) -> Peer:
-    """bm25s scores with our k1 and b (``lucene`` variant); queries are tokenized by the same rules
-    as the corpus, and tokens the corpus lacks are dropped by bm25s itself."""
+def bm25s_peer(corpus: Corpus, k1: float, b: float, depth: int = TOP_K) -> Peer:
+    """bm25s scores with our k1 and b (``lucene`` variant), its top ``depth``; queries are tokenized
+    by the same rules as the corpus, and tokens the corpus lacks are dropped by bm25s itself."""
     import bm25s
     import Stemmer
 
@@ -180,7 +180,7 @@ def bm25s_peer(corpus: Corpus, k1: float, b: float) -> Peer:
     ids = np.asarray(corpus.ids)
 
     def search(query: str) -> list[str]:
-        found, _ = retriever.retrieve(tokenize([query], False), k=TOP_K, show_progress=False)
+        found, _ = retriever.retrieve(tokenize([query], False), k=depth, show_progress=False)
         return ids[found[0]].tolist()
 
     what = f"k1 {k1}, b {b}; Porter stemmer, Lucene's English stop words"
