@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import options
-from benchmarks.peers import Peer, bm25s_peer, given_corpus, open_engine, rotated, versions
+from benchmarks.peers import Peer, bm25s_peer, given_corpus, open_engine, timed_pass, versions
 from benchmarks.scale_engine import sources
 from engine import threads
 from engine.fusion.rrf import reciprocal_rank_fusion
@@ -333,15 +333,8 @@ def measure(groups: dict[str, list[Peer]], queries: dict[str, str], qrels, sourc
     for peer in peers:
         for text in list(queries.values())[:3]:
             peer.search(text)
-    runs: dict[str, Run] = {p.name: {} for p in peers}
-    seconds: dict[str, list[float]] = {p.name: [] for p in peers}
-    for turn, (qid, text) in enumerate(queries.items()):
-        for peer in rotated(peers, turn):
-            started = time.perf_counter()
-            runs[peer.name][qid] = peer.search(text)
-            seconds[peer.name].append(time.perf_counter() - started)
-        if turn % 25 == 0:
-            print(f"{turn + 1}/{len(queries)} queries", flush=True)
+    print(f"{len(peers)} rows, {len(queries)} queries, taking turns", flush=True)
+    runs, seconds = timed_pass(peers, queries)
     first = groups[UNSUPERVISED][0].name
     found = []
     for group, members in groups.items():
