@@ -18,6 +18,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # searches, not the default 5,000: 25 s a start on loaded cores, for speed the tests do not measure
 os.environ.setdefault("HYBRID_SEARCH_WARMUP_SEARCHES", "50")
 
+ONE_RAY = {"test_ray", "test_ray_shards"}  # each starts a local Ray cluster and joins it at address "auto"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Ray modules first (stable otherwise): the longest unit of work starts while the other
+    worker takes the rest."""
+    items.sort(key=lambda item: item.path.stem not in ONE_RAY)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``pytest -n N`` (tests/run): each test module whole on one worker, so its module-scoped
+    servers start once, and the Ray modules together on one, one after the other, so that "auto"
+    joins that module's own cluster."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class Modules(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "ray" if Path(module).stem in ONE_RAY else module
+
+    return Modules(config, log)
+
 
 @pytest.fixture(scope="session")
 def beir_dir(tmp_path_factory) -> Path:
