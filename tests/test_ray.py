@@ -31,7 +31,8 @@ def ray_server(index_dir, reranker_dir, tmp_path_factory):
     shutil.copytree(index_dir, index)  # the writer deployment changes it
     args = ["serve", "--ray", "--index-dir", str(index), "--mcp-port", str(port), "--device", "cpu"]
     args += ["--reranker", reranker_dir, "--search-replicas", "2", "--replica-cpus", "0.5"]
-    proc = start_server(args, f"http://127.0.0.1:{port}/health", log)
+    # a local Ray cluster starts slowly on cores the other test worker shares
+    proc = start_server(args, f"http://127.0.0.1:{port}/health", log, timeout_s=600)
     yield {"url": f"http://127.0.0.1:{port}", "log": log}
     assert stop_server(proc) == 0, "SIGTERM must take the deployment down cleanly"
 
