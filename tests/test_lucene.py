@@ -65,6 +65,13 @@ def test_a_wide_filter_read_off_the_ranking_finds_what_the_filtered_query_does(i
         index.filter_depth = depth
         for (query, i), expected in as_terms.items():
             assert retrieved(index, query, 6, allowed_sets[i]) == expected, (query, i, depth)
+    from engine.search.allowed import Allowed
+
+    index.kept_query_share = 1.0  # a kept set (as a filter's is) of any width: its id query made once, reused
+    kept = [Allowed({unit: row for row, unit in enumerate(sorted(a))}) for a in allowed_sets]
+    for (query, i), expected in as_terms.items():
+        assert retrieved(index, query, 6, kept[i]) == expected == retrieved(index, query, 6, kept[i]), (query, i)
+    assert all(a.form("lucene", lambda: None) is not None for a in kept)
 
 
 def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_path):

@@ -45,6 +45,10 @@ _SEARCH = ".IndexSearcher.search(org.apache.lucene.search.Query,int,org.apache.l
 _TERM_SET = "(Ljava/lang/String;[Lorg/apache/lucene/util/BytesRef;)V"
 FILTER_TERMS = 1_000  # allowed ids past this are read off the ranking, not sent to Lucene a term each
 FILTER_DEPTH = 20_000  # how far down the unfiltered ranking a wide filter is looked for
+# a kept filter's ids (engine/search/allowed.py) up to this share of the index go to Lucene as one
+# query made once: reading the ranking deeper costs in proportion to 1/share, the ids' query (which
+# Lucene does not cache beside a cheaper lead clause) to share; they cross near 5% (docs/filters.md)
+KEPT_QUERY_SHARE = 0.05
 _calls = threading.Lock()  # instance calls on objects that are not one of a kind (module docstring)
 FILTER_FIELDS = (DOCUMENT_TYPE, DATE)  # document metadata kept as a chunk's terms (ISO dates sort as text)
 
@@ -150,6 +154,7 @@ class LuceneIndex:
     """
 
     filter_terms = FILTER_TERMS
+    kept_query_share = KEPT_QUERY_SHARE
     filter_depth = FILTER_DEPTH
 
     def __init__(
@@ -237,6 +242,9 @@ class LuceneIndex:
         if allowed is not None and not allowed:
             return []
         if allowed is not None and len(allowed) > self.filter_terms:
+            narrow = len(allowed) <= self.kept_query_share * self.documents
+            if narrow and (form := getattr(allowed, "form", None)) is not None:  # a kept set: its query made once
+                return self._top(self._restricted(bag, [form("lucene", lambda: self._ids(allowed))]), k, average)
             return self._ranked_within(bag, k, allowed, average)
         return self._top(self._filtered(bag, allowed) if allowed is not None else bag, k, average)
 
@@ -379,8 +387,13 @@ class LuceneIndex:
 
     def _filtered(self, bag, allowed: Collection[str]):
         """``bag`` restricted to ``allowed``: one Java call for the id set, its BytesRefs cached."""
+        return self._restricted(bag, [self._ids(allowed)])
+
+    def _ids(self, allowed: Collection[str]):
+        """The query matching ``allowed``'s ids (Lucene's query cache keeps its matches by segment
+        once it is asked again)."""
         j = self.j
-        return self._restricted(bag, [j.TermInSetQuery("id", *map(j.id_term, allowed), signature=_TERM_SET)])
+        return j.TermInSetQuery("id", *map(j.id_term, allowed), signature=_TERM_SET)
 
     def _restricted(self, bag, clauses: list):
         """``bag`` scored over the chunks every clause matches (``FILTER``: they add no score)."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from engine.documents import Filters
 from engine.retrieval.protocol import Rows
 from engine.store.docstore import DocStore
 
+T = TypeVar("T")
 KEPT_ROWS = 2_000_000  # rows held over every kept filter (~200 MB at most)
 
 
@@ -28,6 +30,16 @@ class Allowed:
     def __init__(self, units: dict[str, int]) -> None:
         self.units = units
         self.rows = Rows(np.fromiter(units.values(), dtype=np.int64, count=len(units)))
+        self._forms: dict[str, object] = {}
+        self._making = threading.Lock()
+
+    def form(self, name: str, make: Callable[[], T]) -> T:
+        """``make()``, made once for this set and kept with it: a retriever's own form of the
+        filter (Lucene's query of its ids), reused while the set is."""
+        with self._making:
+            if name not in self._forms:
+                self._forms[name] = make()
+            return self._forms[name]  # type: ignore[return-value]
 
     def __contains__(self, unit_id: object) -> bool:
         return unit_id in self.units
