@@ -113,7 +113,10 @@ def test_a_shard_replica_killed_under_load_fails_no_search(served):
         while not stop.is_set():
             reply = httpx.post(f"{url}/search", json={"query": "soy and breast cancer", "top_k": 5}, timeout=60)
             body = reply.json()
-            (answered if reply.status_code == 200 and "missing_shards" not in body else failures).append(body)
+            if reply.status_code == 200 and "missing_shards" not in body:
+                answered.append(time.monotonic())
+            else:
+                failures.append(body)
 
     threads = [threading.Thread(target=load) for _ in range(4)]
     for thread in threads:
@@ -122,12 +125,15 @@ def test_a_shard_replica_killed_under_load_fails_no_search(served):
         time.sleep(2)
         with _cluster() as ray:
             ray.kill(ray.get_actor(_replicas(ray, "shard-0")[0], namespace="serve"), no_restart=True)
+        killed = time.monotonic()
         time.sleep(5)
     finally:
         stop.set()
         for thread in threads:
             thread.join()
-    assert not failures and len(answered) > 20
+    # every search answered whole, and searches kept being answered after the kill (as many as the
+    # cores allow: the count is not a speed)
+    assert not failures and sum(t > killed for t in answered) >= len(threads)
 
 
 def test_a_shard_down_is_said_in_the_answer_and_health(served):
