@@ -109,7 +109,7 @@ def lance_table(corpus, folder: Path) -> Lance:
     from lancedb.index import FTS
 
     db = lancedb.connect(folder)
-    if "chunks" in db.table_names():
+    if "chunks" in db.list_tables().tables:
         table = db.open_table("chunks")
         if table.count_rows() == len(corpus.ids) and len(table.list_indices()) == 2:
             return Lance(table, json.loads((folder / "build_s.json").read_text()))
@@ -139,21 +139,20 @@ def lance_table(corpus, folder: Path) -> Lance:
     return Lance(table, build_s)
 
 
-def recall(legs: dict[str, Vector], exact: Vector, vectors: list[np.ndarray]) -> dict[str, float]:
-    """Each leg's mean share of the exact top ``DEPTH`` it returns."""
-    truth = [set(exact(v)) for v in vectors]
+def recall(legs: dict[str, Vector], truth: list[set[str]], vectors: list[np.ndarray]) -> dict[str, float]:
+    """Each leg's mean share of the exact top ``DEPTH`` (``truth``, a set a vector) it returns."""
     return {
         name: float(np.mean([len(truth[i] & set(leg(v))) / len(truth[i]) for i, v in enumerate(vectors)]))
         for name, leg in legs.items()
     }
 
 
-def tune(lance: Lance, exact: Vector, vectors: list[np.ndarray]) -> None:
+def tune(lance: Lance, truth: list[set[str]], vectors: list[np.ndarray]) -> None:
     """The first rung of :data:`LADDER` whose recall@100 reaches :data:`RECALL_GOAL` (the last if none)."""
     for nprobes, refine in LADDER:
         lance.nprobes, lance.refine = nprobes, refine
         started = time.perf_counter()
-        got = recall({"ivf_sq": lance.vector(False)}, exact, vectors)["ivf_sq"]
+        got = recall({"ivf_sq": lance.vector(False)}, truth, vectors)["ivf_sq"]
         ms = (time.perf_counter() - started) * 1000 / len(vectors)
         lance.ladder.append({"nprobes": nprobes, "refine_factor": refine, "recall_at_100": got, "ms_per_query": ms})
         print(json.dumps(lance.ladder[-1]), flush=True)
@@ -258,13 +257,14 @@ def rows(args, dataset, texts: list[str]) -> tuple[dict[str, list[Peer]], dict, 
     lance = lance_table(corpus, args.cache / "lancedb")
     exact, ivf, faiss_stats = faiss_legs(corpus, args.index_dir, engine)
     vectors = [encode(t) for t in texts]
-    tune(lance, exact, vectors)
+    truth = [set(exact(v)) for v in vectors]
+    tune(lance, truth, vectors)
 
     def dense_stage(v: np.ndarray) -> list[str]:
         return [d for d, _ in engine.dense.retrieve(Query("", v.reshape(1, -1)), DEPTH, Within())]
 
     legs = {"LanceDB exact": lance.vector(True), "LanceDB IVF_SQ": lance.vector(False), "FAISS IVF (our file)": ivf}
-    recalls = recall(legs | {"ours dense stage": dense_stage}, exact, vectors)
+    recalls = recall(legs | {"ours dense stage": dense_stage}, truth, vectors)
     bm25s = bm25s_peer(corpus, s.bm25_k1, s.bm25_b, DEPTH)
     pyserini, lucene_stats = pyserini_peer(args.index_dir, s.bm25_k1, s.bm25_b)
     weights = {name: s.retriever(name).weight for name in ("bm25", "dense", "memory")}
