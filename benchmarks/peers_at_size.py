@@ -224,10 +224,10 @@ def fused(
     return Peer(name, what, search)
 
 
-def with_memory(lance: Lance, engine, what: str) -> Peer:
-    """LanceDB's FTS and IVF_SQ legs and our memory's list (one query vector for both), fused as we fuse."""
+def with_memory(lance: Lance, engine, weights: dict[str, float], what: str) -> Peer:
+    """LanceDB's FTS and IVF_SQ legs and our memory's list (one query vector for both), fused as we
+    fuse (our k, ``weights`` by leg)."""
     s = engine.settings
-    weights = {name: s.retriever(name).weight for name in ("bm25", "dense", "memory")}
     vector = lance.vector(False)
 
     def search(query: str) -> list[str]:
@@ -305,7 +305,9 @@ def rows(args, dataset, texts: list[str]) -> tuple[dict[str, list[Peer]], dict, 
                 f"bm25 + dense + memory, RRF k {s.rrf_k}, weights {weights}",
             ),
             ours("ours learned", engine, AS_LOADED, "bm25 + dense + memory, the index's learned fusion (as served)"),
-            with_memory(lance, engine, f"LanceDB FTS + {tuned} + our memory's list, our RRF k {s.rrf_k} and weights"),
+            with_memory(
+                lance, engine, weights, f"LanceDB FTS + {tuned} + our memory's list, our RRF k {s.rrf_k} and weights"
+            ),
         ],
     }
     held = {

@@ -54,12 +54,12 @@ def make_corpus(data: Path, index_dir: Path, n: int, out: Path, family: str = "c
     shortened copy of one abstract (:func:`corpus_beside`)."""
     if family not in FAMILIES:
         raise SystemExit(f"--family {family!r}: one of {', '.join(FAMILIES)}")
-    judged = {doc for judged in load_dataset(data).qrels("dev").values() for doc in judged}
 
-    def copies(records: list[dict], known: np.ndarray) -> Block:
+    def copies(records: list[dict], known: np.ndarray) -> Block:  # called only when the corpus is made
         rng, shuffle, years = np.random.default_rng(0), random.Random(0), np.random.default_rng(1)
         pool = np.arange(len(records))
         if family != "copies":
+            judged = {doc for docs in load_dataset(data).qrels("dev").values() for doc in docs}
             pool = np.asarray([i for i, r in enumerate(records) if r["_id"] not in judged])
         sentences = [re.split(r"(?<=[.!?])\s+", r["text"]) for r in records]
 
