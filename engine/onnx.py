@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import os
 import warnings
@@ -127,7 +128,7 @@ def quantized_encoder(trace: Path) -> Path:
     again when the trace changed (its size and mtime, recorded in the copy) or the recipe did;
     atomically, as a trace is."""
     target = trace.with_name(ENCODER_INT8_FILE)
-    made_from = f"{trace.stat().st_size}:{trace.stat().st_mtime_ns}"
+    made_from = _made(trace)
     wanted = {TRACE_KEY: ENCODER_INT8_RECIPE, SOURCE_KEY: made_from}
     if target.is_file() and wanted.items() <= metadata(target).items():
         return target
@@ -184,14 +185,28 @@ class OnnxQueryEncoder:
     this object's own copy, its truncation set once (the Hugging Face wrapper re-sets truncation and
     padding whenever a call asks for others, which can fail a concurrent call with "Already
     borrowed"). ``QUERY_THREADS`` says why one thread a run.
+
+    A trace checked against the model once (:meth:`record_check`) keeps, beside it, what it was
+    checked at and what feeds it (the tokenizer, the length), so that later loads open it without
+    the model: :meth:`checked`.
     """
 
-    def __init__(self, model, source: str, device: str, int8: bool = False) -> None:
-        """``model``: the served ``SentenceTransformer`` of ``source`` (its tokenizer and, when no
-        current trace exists, its weights, traced in fp32 on the CPU whatever the served copy is).
-        ``int8``: run the trace's int8 copy (:func:`quantized_encoder`)."""
+    def __init__(self, path: Path, tokenizer: str, max_length: int, device: str, int8: bool) -> None:
         from tokenizers import Tokenizer
 
+        self.runtime = "onnx-int8" if int8 else "onnx"
+        self.tokenizer = Tokenizer.from_str(tokenizer)
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length)
+        self.session = open_session(path, device, QUERY_THREADS)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.path, self._fed = path, {"tokenizer": tokenizer, "max_length": max_length}
+
+    @classmethod
+    def made(cls, model, source: str, device: str, int8: bool = False) -> OnnxQueryEncoder:
+        """The encoder of ``model``, the served ``SentenceTransformer`` of ``source`` (its tokenizer
+        and, when no current trace exists, its weights, traced in fp32 on the CPU whatever the
+        served copy is). ``int8``: run the trace's int8 copy (:func:`quantized_encoder`)."""
         path = onnx_path(source, ENCODER_FILE)
         if not current(path, source):
             transformer = model[0].auto_model
@@ -201,19 +216,52 @@ class OnnxQueryEncoder:
             export_onnx(transformer, example, "sentence_embedding", path, mean_pooled(transformer))
         if int8:
             path = quantized_encoder(path)
-        self.runtime = "onnx-int8" if int8 else "onnx"
-        self.tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(model.max_seq_length)
-        self.session = open_session(path, device, QUERY_THREADS)
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.path = path
+        return cls(path, model.tokenizer.backend_tokenizer.to_str(), model.max_seq_length, device, int8)
+
+    @classmethod
+    def checked(cls, source: str, device: str, int8: bool = False) -> OnnxQueryEncoder | None:
+        """The encoder of ``source``'s trace as an earlier load checked it, or None: no check
+        recorded for the file as it is now (made again since, or never checked), or a trace that is
+        not current (:func:`current`)."""
+        path = onnx_path(source, ENCODER_FILE)
+        if not current(path, source):
+            return None
+        if int8:
+            path = path.with_name(ENCODER_INT8_FILE)
+        try:
+            record = json.loads(_check_file(path).read_text())
+        except (OSError, ValueError):
+            return None
+        if not path.is_file() or record.get("file") != _made(path):
+            return None
+        return cls(path, record["tokenizer"], int(record["max_length"]), device, int8)
+
+    def record_check(self, cosine: float) -> None:
+        """Keep beside the trace that it passed the check at ``cosine`` (atomically; a folder that
+        cannot take it leaves the next load to check again)."""
+        target = _check_file(self.path)
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        try:
+            partial.write_text(json.dumps({"file": _made(self.path), "probe_cosine": cosine, **self._fed}))
+            partial.replace(target)
+        except OSError as exc:
+            log.info("could not record the query encoder's check beside %s: %s", self.path, exc)
 
     def __call__(self, text: str) -> np.ndarray:
         """The (1, dim) float32 embedding of ``text``."""
         e = self.tokenizer.encode(text)
         columns = {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
         return self.session.run(None, {name: np.asarray([columns[name]], dtype=np.int64) for name in self.inputs})[0]
+
+
+def _check_file(trace: Path) -> Path:
+    return trace.with_suffix(".checked.json")
+
+
+def _made(path: Path) -> str:
+    """A file as it is now: its size and modification time (a trace made again changes both)."""
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def mean_pooled(transformer):

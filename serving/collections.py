@@ -34,7 +34,7 @@ from engine.documents import QueryRequest, SearchRequest
 from engine.errors import INVALID_PARAMS, ServiceError
 from engine.rerank.batching import RerankBatcher
 from engine.rerank.loading import open_reranker
-from engine.retrieval.encoder import load_encoder, load_query_encoder, pick_device
+from engine.retrieval.encoder import DocumentEncoder, load_query_encoder, pick_device
 from engine.search import HybridEngine
 from engine.search.opening import Remotes
 from engine.settings import EngineSettings
@@ -138,7 +138,7 @@ class SharedModels:
         device = pick_device(settings.device)
         near = device if settings.retrieval_device == "auto" else pick_device(settings.retrieval_device)
         name, runtime, quantize = manifest.encoder, settings.query_encoder_runtime, settings.query_encoder_quantize
-        encoder = self._get(("encoder", name, near), lambda: load_encoder(name, near), user)
+        encoder = self._get(("encoder", name, near), lambda: DocumentEncoder(name, near), user)
         query_encoder = self._get(
             ("query_encoder", name, near, runtime, quantize),
             lambda: load_query_encoder(encoder, name, near, runtime, quantize),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import signal
 import threading
 import time
@@ -299,9 +300,21 @@ def _check_fits(settings: Settings, resources: dict, gpus: float, local: bool) -
         )
 
 
+def _local_cpus() -> float:
+    """The CPUs a local Ray cluster started here will have: Ray's own count (a container's CPU
+    quota included), the machine's where this Ray version does not say."""
+    try:
+        from ray._private.utils import get_num_cpus
+    except ImportError:
+        return float(os.cpu_count() or 1)
+    return float(get_num_cpus())
+
+
 def run_on_ray(settings: Settings, writable: bool = True, stop: threading.Event | None = None) -> None:
     """Start (or join) a Ray cluster, deploy, and serve until Ctrl-C, SIGTERM or ``stop``."""
     read_manifest(settings.engine.index_dir)  # a missing index fails here, not in every replica
+    if settings.scale_out.ray_address is None:  # refused before a cluster starts, in a second, not after it
+        _check_fits(settings, {"CPU": _local_cpus()}, 0.0, local=True)
     with jvm_signals_kept():  # a JVM here (`--build-if-missing` built with it) keeps its handlers
         ray.init(address=settings.scale_out.ray_address, include_dashboard=False, log_to_driver=False)
     stop, started = stop or threading.Event(), threading.Event()

@@ -18,27 +18,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # searches, not the default 5,000: 25 s a start on loaded cores, for speed the tests do not measure
 os.environ.setdefault("HYBRID_SEARCH_WARMUP_SEARCHES", "50")
 
-ONE_RAY = {"test_ray", "test_ray_shards"}  # each starts a local Ray cluster and joins it at address "auto"
+LONGEST = "test_ray"  # a local Ray cluster, started once for the module
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The Ray modules first (stable otherwise): the longest unit of work starts while the other
-    worker takes the rest."""
-    items.sort(key=lambda item: item.path.stem not in ONE_RAY)
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``pytest -n N`` (tests/run): each test module whole on one worker, so its module-scoped
-    servers start once, and the Ray modules together on one, one after the other, so that "auto"
-    joins that module's own cluster."""
-    from xdist.scheduler import LoadFileScheduling
-
-    class Modules(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "ray" if Path(module).stem in ONE_RAY else module
-
-    return Modules(config, log)
+    """The Ray module first (stable otherwise): with each module whole on one worker (tests/run's
+    ``--dist loadfile``), the longest unit of work starts while the other worker takes the rest."""
+    items.sort(key=lambda item: item.path.stem != LONGEST)
 
 
 @pytest.fixture(scope="session")

@@ -47,21 +47,42 @@ def test_trace_is_made_once(minilm, minilm_path, monkeypatch):
     import engine.onnx
     from engine.onnx import OnnxQueryEncoder
 
-    traced = OnnxQueryEncoder(minilm, minilm_path, "cpu").path
+    traced = OnnxQueryEncoder.made(minilm, minilm_path, "cpu").path
     made = traced.stat().st_mtime_ns
 
     def trace_again(*args, **kwargs):
         raise AssertionError("traced again")
 
     monkeypatch.setattr(engine.onnx, "export_onnx", trace_again)
-    assert OnnxQueryEncoder(minilm, minilm_path, "cpu").path == traced
+    assert OnnxQueryEncoder.made(minilm, minilm_path, "cpu").path == traced
     assert traced.stat().st_mtime_ns == made
+
+
+def test_a_checked_trace_loads_without_the_model_until_made_again(minilm, minilm_path):
+    """A load after the first check opens the trace from what the check recorded: the document
+    encoder (lazy) stays unloaded, the embeddings are the checked ones; a record of another file
+    (the trace made again since) is checked again, which loads the model."""
+    import json
+
+    from engine.onnx import OnnxQueryEncoder
+    from engine.retrieval.encoder import DocumentEncoder, load_query_encoder
+
+    checked = load_query_encoder(minilm, minilm_path, "cpu")
+    lazy = DocumentEncoder(minilm_path, "cpu")
+    again = load_query_encoder(lazy, minilm_path, "cpu")
+    assert again.runtime == "onnx" and again.path == checked.path and lazy._model is None
+    assert all(np.array_equal(again(q), checked(q)) for q in QUERIES)
+    record = checked.path.with_suffix(".checked.json")
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"file": "another trace"}))
+    assert OnnxQueryEncoder.checked(minilm_path, "cpu") is None
+    assert load_query_encoder(lazy, minilm_path, "cpu").runtime == "onnx" and lazy._model is not None
+    assert OnnxQueryEncoder.checked(minilm_path, "cpu") is not None  # the new check recorded
 
 
 def test_concurrent_calls_agree(minilm, minilm_path):
     from engine.onnx import OnnxQueryEncoder
 
-    encoder = OnnxQueryEncoder(minilm, minilm_path, "cpu")
+    encoder = OnnxQueryEncoder.made(minilm, minilm_path, "cpu")
     alone = [encoder(q) for q in QUERIES]
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(encoder, QUERIES * 8))
@@ -119,7 +140,7 @@ def test_int8_copy_follows_its_trace(minilm, minilm_path, tmp_path):
     from engine.onnx import ENCODER_FILE, ENCODER_INT8_FILE, OnnxQueryEncoder, quantized_encoder
 
     trace = tmp_path / ENCODER_FILE
-    shutil.copy(OnnxQueryEncoder(minilm, minilm_path, "cpu").path, trace)
+    shutil.copy(OnnxQueryEncoder.made(minilm, minilm_path, "cpu").path, trace)
     int8 = quantized_encoder(trace)
     assert int8 == tmp_path / ENCODER_INT8_FILE
     made = int8.stat().st_mtime_ns
@@ -154,3 +175,22 @@ def test_engine_serves_the_int8_encoder_when_asked(index_dir):
 def test_engine_encodes_queries_on_onnx_on_a_cpu(engine):
     assert engine.describe()["query_encoder_runtime"] == "onnx"
     assert engine.dense.encode_query("caffeine and the liver").shape == (1, 384)
+
+
+def test_a_reader_searches_without_loading_the_document_encoder(index_dir, minilm, minilm_path):
+    """A process that takes no writes (a reader here; a follower, a Ray search replica) encodes its
+    queries from the checked trace and never imports sentence-transformers, most of a start's time."""
+    import subprocess
+    import sys
+
+    from engine.retrieval.encoder import load_query_encoder
+    from offline.server_process import ROOT
+
+    load_query_encoder(minilm, minilm_path, "cpu")  # the trace checked, as any earlier start did
+    code = (
+        "import sys; from engine.search import HybridEngine; from engine.settings import EngineSettings;"
+        f" engine = HybridEngine(EngineSettings(index_dir={str(index_dir)!r}, device='cpu', rerank=False));"
+        " assert engine.search('arsenic in rice', 3); sys.exit('sentence_transformers' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]

@@ -141,7 +141,7 @@ def test_too_many_shards_for_the_corpus_is_refused(beir_dir, tmp_path):
 
 def test_shards_in_other_processes_answer_as_here_and_a_shard_down_is_said(sharded_dir, tmp_path):
     """The shards behind the workers' channel (real sockets; Ray's handles are the other carrier,
-    tests/test_ray_shards.py): the same answers; a shard that stops answering is named in the
+    tests/test_ray.py): the same answers; a shard that stops answering is named in the
     answer when partial results are allowed, else the search fails with a 503."""
     import os
 

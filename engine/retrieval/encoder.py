@@ -7,6 +7,7 @@ Users with a model hub pass any id; offline, the default MiniLM resolves to the 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -37,7 +38,10 @@ def resolve_model(name: str) -> str:
 
 
 def pick_device(wanted: str) -> str:
-    """``auto`` means CUDA when torch sees a GPU, else CPU; an explicit ``cuda`` must exist."""
+    """``auto`` means CUDA when torch sees a GPU, else CPU; an explicit ``cuda`` must exist (``cpu``
+    is taken as said, without importing torch)."""
+    if wanted == "cpu":
+        return wanted
     import torch
 
     if wanted == "auto":
@@ -55,6 +59,37 @@ def load_encoder(name: str, device: str):
     if device == "cuda":
         model.half()
     return model
+
+
+class DocumentEncoder:
+    """The encoder of documents (:func:`load_encoder`), loaded by :meth:`load` or at its first use.
+    A process that takes no writes embeds no document (a follower's writes go to its writer, a
+    reader takes none): its queries go to the query encoder, whose checked trace opens without the
+    model (:func:`load_query_encoder`), so it never imports sentence-transformers, which was most of
+    the start of every worker and Ray search replica. A writer loads it as it opens."""
+
+    def __init__(self, name: str, device: str) -> None:
+        self.name, self.device = name, device
+        self._model = None
+        self._loading = threading.Lock()
+
+    def load(self):
+        """The sentence-transformers model, loaded now if not yet (once, whoever asks first)."""
+        if self._model is None:
+            with self._loading:
+                if self._model is None:
+                    self._model = load_encoder(self.name, self.device)
+        return self._model
+
+    model = property(load)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # copy and pickle look for hooks before __init__ has run
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __getitem__(self, module: int):
+        return self.model[module]
 
 
 class QueryEncoder(Protocol):
@@ -102,12 +137,13 @@ def load_query_encoder(model, name: str, device: str, runtime: str = "auto", qua
     source = resolve_model(name)
     if quantize == "int8":
         try:
-            encoder = OnnxQueryEncoder(model, source, device, int8=True)
-            return _checked(encoder, torch_encoder, "int8 weights moved it; use --query-encoder-quantize none")
+            return _checked(
+                model, source, device, True, torch_encoder, "int8 weights moved it; use --query-encoder-quantize none"
+            )
         except Exception as exc:
             raise RuntimeError(f"cannot encode queries of {name!r} in int8: {exc}") from exc
     try:
-        return _checked(OnnxQueryEncoder(model, source, device), torch_encoder, "a pooling other than the mean?")
+        return _checked(model, source, device, False, torch_encoder, "a pooling other than the mean?")
     except Exception as exc:  # tracing, the runtime or the check failed: say which and why
         if runtime == "onnx":
             raise RuntimeError(f"cannot encode queries of {name!r} on ONNX Runtime: {exc}") from exc
@@ -115,11 +151,18 @@ def load_query_encoder(model, name: str, device: str, runtime: str = "auto", qua
         return torch_encoder
 
 
-def _checked(encoder: OnnxQueryEncoder, reference: TorchQueryEncoder, hint: str) -> OnnxQueryEncoder:
-    """``encoder`` when its embedding of ``PROBE`` is the reference's within ``PROBE_COSINE``."""
+def _checked(model, source: str, device: str, int8: bool, reference: TorchQueryEncoder, hint: str) -> OnnxQueryEncoder:
+    """The ONNX encoder of ``source``: as an earlier load checked it (no model loaded), else traced
+    if need be and its embedding of ``PROBE`` held to the reference's within ``PROBE_COSINE``, the
+    check then recorded beside the trace."""
+    encoder = OnnxQueryEncoder.checked(source, device, int8)
+    if encoder is not None:
+        return encoder
+    encoder = OnnxQueryEncoder.made(model, source, device, int8)
     cosine = float(encoder(PROBE)[0] @ reference(PROBE)[0])
     if cosine < PROBE_COSINE:
         raise ValueError(f"its embedding is not torch's (cosine {cosine:.4f}; {hint})")
+    encoder.record_check(cosine)
     return encoder
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 from engine.documents import Filters
 from engine.retrieval.dense import DenseRetriever
-from engine.retrieval.encoder import QueryEncoder, load_encoder, load_query_encoder, pick_device
+from engine.retrieval.encoder import DocumentEncoder, QueryEncoder, load_query_encoder, pick_device
 from engine.retrieval.lucene import LuceneIndex
 from engine.retrieval.protocol import Query, Within
 from engine.search.allowed import Allowed, AllowedSets
@@ -155,7 +155,9 @@ def open_view(settings: EngineSettings, role: Role = "reader", remotes: Remotes 
     retrieval_device = pick_device(
         settings.device if settings.retrieval_device == "auto" else settings.retrieval_device
     )
-    encoder = remotes.encoder or load_encoder(manifest.encoder, retrieval_device)
+    encoder = remotes.encoder or DocumentEncoder(manifest.encoder, retrieval_device)
+    if role == "writer" and isinstance(encoder, DocumentEncoder):
+        encoder.load()  # it embeds what it is sent: loaded now, not in the first write's time
     query_encoder = remotes.query_encoder or load_query_encoder(
         encoder, manifest.encoder, retrieval_device, settings.query_encoder_runtime, settings.query_encoder_quantize
     )
