@@ -243,13 +243,16 @@ def test_writes_go_to_their_documents_shard_and_every_search_finds_them(served):
 def test_ray_acknowledged_write_survives_the_writer_replica_dying(served):
     """A write acknowledged without waiting, then its shard's writer replica killed: Serve starts
     another, which replays the log, and the document is there (read back, then searchable on every
-    replica)."""
+    replica). Until the writer is back a read of it is a 503 saying so, with when to retry."""
     url = served["url"]
     httpx.post(f"{url}/documents", json=_doc("durable-1", "axolotl gill regeneration"), timeout=60).raise_for_status()
     with _cluster() as ray:
         (writer,) = _replicas(ray, f"writer-{shard_of('durable-1', SHARDS)}")
         ray.kill(ray.get_actor(writer, namespace="serve"), no_restart=True)
-    read = httpx.get(f"{url}/documents/durable-1", timeout=120)  # held by Serve until a writer runs again
+    deadline = time.time() + 240  # a replica's start, on cores the other test worker shares
+    while (read := httpx.get(f"{url}/documents/durable-1", timeout=120)).status_code == 503 and time.time() < deadline:
+        assert "restarting" in read.json()["error"] and int(read.headers["retry-after"]) > 0, read.text
+        time.sleep(1)
     assert read.status_code == 200 and read.json()["chunks"][0]["content"] == "axolotl gill regeneration", read.text
     deadline = time.time() + 60
     while _everywhere(url, "axolotl gill regeneration") != {True} and time.time() < deadline:
