@@ -179,3 +179,33 @@ def test_a_merge_runs_beside_the_writes_and_keeps_every_write_since_it_began(den
         assert _answers(reader) == live
     finally:
         reader.close()
+
+
+def test_a_kept_filters_rows_follow_the_writes(dense_dir):
+    """A filter's rows kept across searches (a kept filter's, which a follower's store, ahead of its
+    view, may hold before the view does): a flat index selects them by their bitmap, an inverted
+    file scores them exactly from vectors it read once; either way a row the view takes in later is
+    found from then on, as by a search given the rows anew."""
+    import numpy as np
+
+    from engine.documents import DocumentIn
+    from engine.retrieval.protocol import Query, Rows, Within
+
+    writer = _engine(dense_dir, writable=True)
+    try:
+        held = writer.dense.row_ids()
+        rows = Rows(np.concatenate([held, np.arange(held.max() + 1, held.max() + 64)]))  # and the next rows
+
+        def search(text: str, within: Within) -> list[str]:
+            return [u for u, _ in writer.dense.retrieve(Query(text, writer.dense.encode_query(text)), 5, within)]
+
+        kept = Within(rows=rows)
+        assert search("zanzibar clove harvest", kept)[0] != "new-1#c1"
+        chunks = [{"chunk_id": "c1", "content": "zanzibar clove harvest yields"}]
+        writer.live.upsert(DocumentIn.model_validate({"document_id": "new-1", "chunks": chunks}))
+        writer.live.refresh()
+        assert search("zanzibar clove harvest", kept)[0] == "new-1#c1"
+        for text in QUERIES:
+            assert search(text, kept) == search(text, Within(rows=Rows(rows.ids.copy())))
+    finally:
+        writer.close()

@@ -72,6 +72,13 @@ def test_a_wide_filter_read_off_the_ranking_finds_what_the_filtered_query_does(i
     for (query, i), expected in as_terms.items():
         assert retrieved(index, query, 6, kept[i]) == expected == retrieved(index, query, 6, kept[i]), (query, i)
     assert all(a.form("lucene", lambda: None) is not None for a in kept)
+    # repeated, a kept filter's matches are cached by segment, even beside terms far rarer than it
+    # and on a segment far smaller than Lucene's own cache takes: answered from the cache, the same
+    cache = index._query_cache
+    hits = cache.getHitCount()
+    for (query, i), expected in as_terms.items():
+        assert retrieved(index, query, 6, kept[i]) == expected, (query, i)
+    assert cache.getCacheCount() >= len(kept) and cache.getHitCount() >= hits + len(as_terms)
 
 
 def test_a_filter_on_the_chunks_own_fields_finds_what_the_allowed_ids_do(tmp_path):

@@ -8,6 +8,7 @@ lists, ``hnsw`` a graph. What a server searches is a base and the writes since i
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -118,6 +119,8 @@ class DenseRetriever:
         self.encoder = encoder
         self.query_encoder = query_encoder
         self._opened = (ef_search, device)
+        self._changes = 0  # rows added or removed in place: what a kept filter's vectors were read at
+        self._exact: weakref.WeakKeyDictionary[Rows, tuple] = weakref.WeakKeyDictionary()
 
     def reopened(self, checkpoint: DenseCheckpoint) -> DenseRetriever:
         """The same encoders on a newer checkpoint (a follower's, the writer's after a merge), its
@@ -177,11 +180,18 @@ class DenseRetriever:
     def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
         """An inverted file probes a few lists, and a filter's rows are mostly in others; a graph's
         search meets few of them: a few thousand rows are scored exactly, read back by row (only
-        those this view holds)."""
-        ids = allowed_rows.ids[self.units.holds_rows(allowed_rows.ids)]
+        those this view holds). The rows read back are kept with the filter's set while it is kept
+        (:class:`~engine.search.allowed.AllowedSets`) and this view has not changed: decoding them
+        cost more than scoring them."""
+        kept = self._exact.get(allowed_rows)
+        if kept is None or kept[0] != self._changes:
+            ids = allowed_rows.ids[self.units.holds_rows(allowed_rows.ids)]
+            kept = (self._changes, ids, self.segments.reconstruct(ids) if len(ids) else None)
+            self._exact[allowed_rows] = kept
+        _, ids, vectors = kept
         if not len(ids):
             return []
-        scores = self.segments.reconstruct(ids) @ vector.reshape(-1)
+        scores = vectors @ vector.reshape(-1)
         top = np.argsort(-scores, kind="stable")[:k]
         return list(zip(self.units.names(ids[top]), scores[top].tolist(), strict=True))
 
@@ -198,10 +208,12 @@ class DenseRetriever:
     def add(self, rows: list[int], vectors: np.ndarray, unit_ids: list[str]) -> None:
         self.segments.add(rows, vectors)
         self.units.add(rows, unit_ids)
+        self._changes += 1
 
     def remove(self, rows: list[int]) -> None:
         self.segments.remove(rows)
         self.units.remove(rows)
+        self._changes += 1
 
     def row_ids(self) -> np.ndarray:
         """The rows (store ids) the index holds vectors for."""

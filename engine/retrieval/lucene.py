@@ -46,9 +46,14 @@ _TERM_SET = "(Ljava/lang/String;[Lorg/apache/lucene/util/BytesRef;)V"
 FILTER_TERMS = 1_000  # allowed ids past this are read off the ranking, not sent to Lucene a term each
 FILTER_DEPTH = 20_000  # how far down the unfiltered ranking a wide filter is looked for
 # a kept filter's ids (engine/search/allowed.py) up to this share of the index go to Lucene as one
-# query made once: reading the ranking deeper costs in proportion to 1/share, the ids' query (which
-# Lucene does not cache beside a cheaper lead clause) to share; they cross near 5% (docs/filters.md)
-KEPT_QUERY_SHARE = 0.05
+# query made once, whose matches the query cache keeps by segment after a few uses; reading the
+# ranking deeper costs in proportion to 1/share (docs/filters.md, "At a million chunks")
+KEPT_QUERY_SHARE = 0.15
+# The filters' matches kept by segment (Lucene's LRUQueryCache, a bit a chunk: 125 KB a filter at a
+# million chunks). Lucene's default cache skips a filter clause that costs far more than the query's
+# own terms (its skip factor), and small segments: ours caches every filter of every segment, since
+# users repeat their filters and a filter beside a few rare terms is where its cost shows.
+QUERY_CACHE_QUERIES, QUERY_CACHE_BYTES = 1_000, 64 << 20
 _calls = threading.Lock()  # instance calls on objects that are not one of a kind (module docstring)
 FILTER_FIELDS = (DOCUMENT_TYPE, DATE)  # document metadata kept as a chunk's terms (ISO dates sort as text)
 
@@ -89,6 +94,8 @@ class _Java:
             "org.apache.lucene.search.TermQuery",
             "org.apache.lucene.search.BoostQuery",
             "org.apache.lucene.search.TermRangeQuery",
+            "org.apache.lucene.search.LRUQueryCache",
+            "java.util.function.Predicate",
             "org.apache.lucene.search.Sort",
             "org.apache.lucene.search.SortField",
             "org.apache.lucene.search.SortField$Type",
@@ -178,6 +185,8 @@ class LuceneIndex:
         self._directory = j.FSDirectory.open(j.Paths.get(str(self.path.resolve())))
         self.k1, self.b = float(k1), float(b)
         self._similarity = j.BM25Similarity(self.k1, self.b)
+        every_segment = j.Predicate.isEqual(None).negate()
+        self._query_cache = j.LRUQueryCache(QUERY_CACHE_QUERIES, QUERY_CACHE_BYTES, every_segment, float("inf"))
         self._writer = None
         try:
             if writable:
@@ -205,6 +214,7 @@ class LuceneIndex:
         searcher = self.j.IndexSearcher(reader, signature="(Lorg/apache/lucene/index/IndexReader;)V")
         with _calls:
             searcher.setSimilarity(self._similarity)
+            searcher.setQueryCache(self._query_cache)  # one for every view: a segment's matches outlive a refresh
             return _View(reader, searcher, reader.numDocs())
 
     @property
@@ -336,6 +346,7 @@ class LuceneIndex:
             scale = 1 - self.b + self.b * r
             searcher = j.IndexSearcher(view.reader, signature="(Lorg/apache/lucene/index/IndexReader;)V")
             searcher.setSimilarity(j.BM25Similarity(float(self.k1 * scale), float(self.b * r / scale)))
+            searcher.setQueryCache(self._query_cache)
         view.matched = {average: searcher}  # the latest average only
         return searcher
 

@@ -23,7 +23,10 @@ Ranking = list[tuple[str, float]]  # (unit id, score), best first
 
 class Rows:
     """Store rows a search is held to (a filter's), with the FAISS selector over them made once
-    for every search that shares them (100,000 rows: milliseconds a search otherwise)."""
+    for every search that shares them (100,000 rows: milliseconds a search otherwise). The selector
+    is a bitmap over the rows up to the highest: one bit a row, a test in a few nanoseconds where a
+    hash set's took tens, which an inverted file pays for every vector of every list it probes
+    (docs/filters.md, "At a million chunks")."""
 
     def __init__(self, ids: np.ndarray) -> None:
         self.ids = np.asarray(ids, dtype=np.int64)
@@ -36,8 +39,10 @@ class Rows:
         import faiss
 
         if self._selector is None:
-            self._selector = faiss.IDSelectorBatch(self.ids)
-        return self._selector
+            bits = np.zeros(int(self.ids.max()) // 8 + 1 if len(self.ids) else 1, dtype=np.uint8)
+            np.bitwise_or.at(bits, self.ids >> 3, np.left_shift(1, self.ids & 7).astype(np.uint8))
+            self._selector = (faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)), bits)  # it points into bits
+        return self._selector[0]
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ from typing import TypeVar
 import numpy as np
 
 from engine.documents import Filters
+from engine.retrieval.dense import EXACT_WITHIN
 from engine.retrieval.protocol import Rows
 from engine.store.docstore import DocStore
 
 T = TypeVar("T")
 KEPT_ROWS = 2_000_000  # rows held over every kept filter (~200 MB at most)
+VECTOR_WEIGHT = 16  # a row kept with its vector, in rows kept without
 
 
 class Allowed:
@@ -71,10 +73,17 @@ class AllowedSets:
                 return found
         found = Allowed(self.store.matching(filters))
         with self._lock:
-            if key not in self._kept and len(found) <= self.kept_rows:
+            if key not in self._kept and _weight(found) <= self.kept_rows:
                 self._kept[key] = found
-                self._rows += len(found)
+                self._rows += _weight(found)
                 while self._rows > self.kept_rows:
                     _, dropped = self._kept.popitem(last=False)
-                    self._rows -= len(dropped)
+                    self._rows -= _weight(dropped)
         return found
+
+
+def _weight(allowed: Allowed) -> int:
+    """What a kept set counts against ``kept_rows``: its rows, and a set small enough to be scored
+    exactly by an approximate dense index keeps its rows' vectors too (:meth:`DenseRetriever.
+    _score_within`: 1.5 KB a row of 384 floats, against ~100 bytes an id), so it counts 16 times."""
+    return len(allowed) * (VECTOR_WEIGHT if len(allowed) <= EXACT_WITHIN else 1)
