@@ -221,18 +221,18 @@ class OnnxQueryEncoder:
     @classmethod
     def checked(cls, source: str, device: str, int8: bool = False) -> OnnxQueryEncoder | None:
         """The encoder of ``source``'s trace as an earlier load checked it, or None: no check
-        recorded for the file as it is now (made again since, or never checked), or a trace that is
-        not current (:func:`current`)."""
-        path = onnx_path(source, ENCODER_FILE)
-        if not current(path, source):
+        recorded for the file as it is now (made again since, or never checked; an int8 copy, also
+        for the trace it was made from), or a trace that is not current (:func:`current`)."""
+        trace = onnx_path(source, ENCODER_FILE)
+        if not current(trace, source):
             return None
-        if int8:
-            path = path.with_name(ENCODER_INT8_FILE)
+        path = trace.with_name(ENCODER_INT8_FILE) if int8 else trace
         try:
             record = json.loads(_check_file(path).read_text())
+            checked_as = (record.get("file"), record.get("trace"))
+            if checked_as != (_made(path), _made(trace)):  # an int8 copy of an earlier trace: made again
+                return None
         except (OSError, ValueError):
-            return None
-        if not path.is_file() or record.get("file") != _made(path):
             return None
         return cls(path, record["tokenizer"], int(record["max_length"]), device, int8)
 
@@ -242,7 +242,8 @@ class OnnxQueryEncoder:
         target = _check_file(self.path)
         partial = target.with_suffix(f".{os.getpid()}.partial")
         try:
-            partial.write_text(json.dumps({"file": _made(self.path), "probe_cosine": cosine, **self._fed}))
+            made = {"file": _made(self.path), "trace": _made(self.path.with_name(ENCODER_FILE))}  # an int8 copy's too
+            partial.write_text(json.dumps(made | {"probe_cosine": cosine, **self._fed}))
             partial.replace(target)
         except OSError as exc:
             log.info("could not record the query encoder's check beside %s: %s", self.path, exc)

@@ -131,6 +131,15 @@ def test_int8_encoder_is_within_the_probe_cosine_and_made_once(minilm, minilm_pa
     monkeypatch.setattr("onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer", quantize_again)
     assert load_query_encoder(minilm, minilm_path, "cpu", "onnx", "int8").path == int8.path
     assert int8.path.stat().st_mtime_ns == made
+    # its recorded check holds for the trace it was made from only: another trace, checked again
+    import json
+
+    from engine.onnx import OnnxQueryEncoder
+
+    assert OnnxQueryEncoder.checked(minilm_path, "cpu", int8=True) is not None
+    record = int8.path.with_suffix(".checked.json")
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"trace": "an earlier trace"}))
+    assert OnnxQueryEncoder.checked(minilm_path, "cpu", int8=True) is None
 
 
 def test_int8_copy_follows_its_trace(minilm, minilm_path, tmp_path):
