@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection, wait
 
 import torch
@@ -39,6 +40,7 @@ from serving.workers import Doors, Seat, bind
 log = logging.getLogger(__name__)
 SIBLING_METRICS_TIMEOUT_S = 2.0
 SIBLING_TASK_TIMEOUT_S = 2.0  # a task lookup in a sibling's memory: a stuck sibling must not hold a thread long
+WRITER_WAIT_S = 300.0  # how long a starting follower waits for its writer before it serves searches alone
 
 
 class WorkerService(SearchService):
@@ -128,6 +130,8 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) ->
         _, apps = build_apps(settings, doors.mcp, doors.a2a, doors.mcp_url, service=service, tasks=tasks)
         handlers = {**service.handlers(), **({"a2a_task": tasks.answer} if tasks else {})} if service else {}
         channel = ChannelServer(seat.channel, seat.index, handlers) if service else None
+        if service is not None and seat.role == "follower":
+            _writer_answers(service.engine.live, WRITER_WAIT_S)
         # listening only now: until its engine is loaded, a worker takes no connections
         sockets = {door: bind(settings.serving.host, port, listen=True) for door, (_, port) in apps.items()}
     except Exception as exc:
@@ -143,6 +147,16 @@ def serve(seat: Seat, settings: Settings, doors: Doors, messages: Connection) ->
         if service is not None:
             service.close()
         telemetry.shutdown()
+
+
+def _writer_answers(writer: RemoteWriter, timeout_s: float) -> None:
+    """Wait until the writer answers, at most ``timeout_s``: a follower loads less than its writer
+    (no document encoder), and a server whose doors open must take writes, not answer its first
+    ones "restarting or busy". A writer that does not come within the time is the supervisor's to
+    restart; the follower serves searches meanwhile, as it does while its writer restarts."""
+    deadline = time.monotonic() + timeout_s
+    while not writer.status()["reachable"] and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _tasks(settings: Settings, seat: Seat) -> WorkerTasks:
