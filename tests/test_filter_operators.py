@@ -5,6 +5,7 @@ the field, and search_nfcorpus keeps its filters as they were."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import random
 from datetime import date, timedelta
@@ -180,16 +181,20 @@ def test_search_nfcorpus_keeps_todays_filters() -> None:
 
 
 def test_a_filter_leaves_chunks_out_of_the_ranking_and_never_reorders_it(index_dir, tmp_path) -> None:
-    """Filtered hits are the unfiltered ranking's chunks that hold the filter, in its order."""
+    """Filtered hits are the unfiltered ranking's chunks that hold the filter, in its order; where
+    those hold the hits asked for, they are what the search within the filter would add them to."""
     import shutil
 
     from engine.documents import DocumentIn
     from engine.search import HybridEngine
+    from engine.search.results import SearchOptions
     from engine.settings import EngineSettings
 
     shutil.copytree(index_dir, tmp_path / "live")
     engine = HybridEngine(EngineSettings(index_dir=tmp_path / "live", device="cpu", rerank=False), writable=True)
-    rng = random.Random(5)
+    rng, shortcuts = random.Random(5), 0
+    shallow = SearchOptions(depths=dict.fromkeys(("bm25", "dense", "memory"), 12))  # the second pass finds more
+    whole = dataclasses.replace(shallow, whole_ranking=True)
     try:
         for i in range(30):
             chunks = [{"chunk_id": "c", "content": f"vitamin statin soy coffee note {i} " * rng.randint(1, 3)}]
@@ -208,5 +213,12 @@ def test_a_filter_leaves_chunks_out_of_the_ranking_and_never_reorders_it(index_d
                 hits = [h.doc_id for h in engine.search(query, 10, filters)]
                 ranked = [d for d, _ in engine.stages(query, 10).ranked if d in allowed]
                 assert hits == ranked[:10] or (len(ranked) < 10 and hits[: len(ranked)] == ranked), (raw, query)
+                head = engine.stages(query, 10, filters=filters, options=shallow)
+                every = engine.stages(query, 10, filters=filters, options=whole)
+                assert head.fused[:10] == every.fused[:10], (raw, query)
+                for name, found in head.retrieved.items():  # as the search within the filter ranks them
+                    assert found == every.retrieved[name][: len(found)], (raw, query, name)
+                shortcuts += len(head.fused) < len(every.fused)
     finally:
         engine.close()
+    assert shortcuts  # some filters' first pass held the ten asked for: no second pass

@@ -329,7 +329,8 @@ class HybridEngine:
         door: str = "engine",
     ) -> Hits:
         """``top_k`` unique chunks, best first; fewer only if fewer match the filters or reach the
-        threshold (on :func:`~engine.search.answers.similarity`), or a sharded index's shard did not answer (``missing_shards``).
+        threshold (on :func:`~engine.search.answers.similarity`), or a sharded index's shard did not
+        answer (``missing_shards``).
         With ``options.paginate`` the ranking is pinned and the hits carry the next page's token;
         with ``options.page_token`` that page is read off the pinned ranking (:mod:`engine.search.pages`).
 
@@ -361,7 +362,8 @@ class HybridEngine:
         or, with a query, among that query's fused candidates (:meth:`DocStore.facets`)."""
         rows, filters = None, request.filters
         if request.query is not None:
-            result = self.stages(request.query, 1, filters=filters, options=SearchOptions(rerank_depth=0))
+            every = SearchOptions(rerank_depth=0, whole_ranking=True)
+            result = self.stages(request.query, 1, filters=filters, options=every)
             found = self.dense.units.rows_of([d for d, _ in result.fused])
             rows, filters = [int(r) for r in found if r >= 0], None  # the candidates hold the filters already
         counts = self.store.facets(request.key, filters, rows, request.size if request.count == "chunks" else None)

@@ -50,7 +50,8 @@ class SearchOptions:
     ``learned`` with the engine's model; ``rrf_k``, and ``weights`` and ``depths`` by retriever, in
     place of the settings'; ``explain``: each hit carries its :class:`Explanation`; ``group_size``:
     the hits are documents, each with its best chunks; ``paginate``, ``page_token`` and
-    ``fingerprint``: pages of one pinned ranking (:mod:`engine.search.pages`).
+    ``fingerprint``: pages of one pinned ranking (:mod:`engine.search.pages`); ``whole_ranking``:
+    every fused candidate is read, not only the head served (a filter's second pass always runs).
     """
 
     reranker: Scorer | None = None
@@ -65,6 +66,7 @@ class SearchOptions:
     paginate: bool = False  # pin the ranking and answer the next page's token
     page_token: str | None = None  # a page of a pinned ranking, not a new search
     fingerprint: str = ""  # the request a page token is bound to
+    whole_ranking: bool = False  # the caller reads every fused candidate, not the head it serves (facets)
     highlight: int = 0  # >0: each hit's best sentences
     neighbors: int = 0  # >0: each hit's chunks before and after
 

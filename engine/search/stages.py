@@ -17,13 +17,13 @@ import numpy as np
 from engine import telemetry
 from engine.documents import Filters
 from engine.errors import ServiceError
+from engine.fusion.learned import LearnedFusion
 from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
 from engine.rerank.cross_encoder import PairScorer
 from engine.rerank.pair_assembly import PassageTokens
 from engine.rerank.token_source import PairInputs
 from engine.retrieval.lucene import IndexClosedError
-from engine.retrieval.protocol import Query, Ranking, Within
-from engine.search.allowed import Allowed
+from engine.retrieval.protocol import Query, Ranking, Retriever, Within
 from engine.search.results import AS_LOADED, Plan, SearchOptions, StageResult
 from engine.search.stopwatch import Stopwatch
 from engine.shards.fanout import missing_shards, track_missing
@@ -96,31 +96,26 @@ def _run_stages(
     depths = {name: max(options.depths.get(name, part.depth), top_k) for name, part in configured.items()}
     weights = {name: options.weights.get(name, part.weight) for name, part in configured.items()}
     rrf_k = options.rrf_k or s.rrf_k
+    depth = max(rerank_depth, top_k)
+    need = None if options.group_size or options.paginate or options.whole_ranking else depth
     with engine.view_lock.reading():
-        within = engine.index.within(filters)
-        allowed = within.allowed
-        asked, found = Query(query, vector, exclude), {}
-        for name, retriever in retrievers.items():  # in the stopwatch's order
-            with _retriever(name):
-                found[name] = retriever.retrieve(asked, depths[name], within) if retriever is not None else []
-            watch.lap(name)
-        rankings = {name: [d for d, _ in hits] for name, hits in found.items()}
-        rrf = reciprocal_rank_fusion(rankings, k=rrf_k, weights=weights)
-        if fusion is not None:
-            fused, method = fusion.rank(query, found, rrf), "learned"
-        elif engine.adapted is not None and options.method is None:
-            fused, method = engine.adapted.rerank(rrf, engine.dense.units), "rrf + corpus graph"
+        within, asked = engine.index.within(filters), Query(query, vector, exclude)
+        passes = _Passes(engine, retrievers, asked, depths, weights, rrf_k, fusion, options, watch)
+        if within.allowed is None:
+            (found, rrf, fused), whole = passes.run(within), True
         else:
-            fused, method = rrf, "rrf"
-        if allowed is not None:
-            fused = _unfiltered_order(engine, asked, depths, weights, rrf_k, fusion, method, allowed, fused)
-        depth = max(rerank_depth, top_k)
+            found, rrf, fused, whole = _filtered(passes, within, need)
         chunks = engine.store.chunks(d for d, _ in fused[:depth])
         if engine.index.reads_ahead:  # a store ahead of the view, or a
             fused = _held(engine, fused, depth, chunks)  # shard's writes or loss since it answered
+            if len(fused) < depth and not whole:  # the head lost chunks: search within the filter too
+                found, rrf, fused, whole = _filtered(passes, within, None)
+                chunks = engine.store.chunks(d for d, _ in fused[:depth])
+                fused = _held(engine, fused, depth, chunks)
         head = [d for d, _ in fused[:depth]] if fusion is None or fusion.calibration is None else []
         cosines = dict(zip(head, engine.dense.similarity(vector, head), strict=True))
         watch.lap("fusion")
+    method = passes.method
     reranked, rerank_scores = None, {}
     if reranker is not None and fused:
         try:
@@ -143,37 +138,72 @@ def _run_stages(
     return StageResult(found, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines, plan=plan)
 
 
-def _unfiltered_order(
-    engine: HybridEngine,
-    asked: Query,
-    depths: Mapping[str, int],
-    weights: Mapping[str, float],
-    rrf_k: float,
-    fusion,
-    method: str,
-    allowed: Allowed,
-    fused: Ranking,
-) -> Ranking:
-    """A filtered search's candidates in the order the unfiltered search ranks them, so that a filter
+class _Passes:
+    """One query's passes over the retrievers: each retriever's candidates within what a pass may
+    return (each timed as its retriever's stage), fused as the request asks (timed as fusion)."""
+
+    def __init__(
+        self,
+        engine: HybridEngine,
+        retrievers: Mapping[str, Retriever | None],
+        asked: Query,
+        depths: Mapping[str, int],
+        weights: Mapping[str, float],
+        rrf_k: float,
+        fusion: LearnedFusion | None,
+        options: SearchOptions,
+        watch: Stopwatch,
+    ) -> None:
+        self.engine, self.retrievers, self.asked, self.watch = engine, retrievers, asked, watch
+        self.depths, self.weights, self.rrf_k, self.fusion = depths, weights, rrf_k, fusion
+        if fusion is not None:
+            self.method = "learned"
+        elif engine.adapted is not None and options.method is None:
+            self.method = "rrf + corpus graph"
+        else:
+            self.method = "rrf"
+
+    def run(self, within: Within) -> tuple[dict[str, Ranking], Ranking, Ranking]:
+        """Each retriever's hits within ``within``, their RRF and the fused ranking."""
+        found = {}
+        for name, retriever in self.retrievers.items():  # in the stopwatch's order
+            with _retriever(name):
+                found[name] = [] if retriever is None else retriever.retrieve(self.asked, self.depths[name], within)
+            self.watch.lap(name)
+        rrf = self.rrf(found)
+        if self.method == "learned":
+            fused = self.fusion.rank(self.asked.text, found, rrf)
+        elif self.method == "rrf + corpus graph":
+            fused = self.engine.adapted.rerank(rrf, self.engine.dense.units)
+        else:
+            fused = rrf
+        self.watch.lap("fusion")
+        return found, rrf, fused
+
+    def rrf(self, found: Mapping[str, Ranking]) -> Ranking:
+        ranks = {name: [d for d, _ in hits] for name, hits in found.items()}
+        return reciprocal_rank_fusion(ranks, k=self.rrf_k, weights=self.weights)
+
+
+def _filtered(passes: _Passes, within: Within, need: int | None) -> tuple[dict[str, Ranking], Ranking, Ranking, bool]:
+    """A filtered search: the unfiltered ranking's allowed chunks in its order, so that a filter
     leaves chunks out of the ranking and never reorders it (ranks within the filter would move RRF's
-    and the learned fusion's scores): the unfiltered fused ranking's allowed chunks first, then those
-    only the search within the filter found (deeper than the unfiltered candidates reach), in its
-    fused order. An allowed chunk of a retriever's unfiltered top ``depth`` is in its filtered top
-    ``depth`` too, so every hit keeps its place in ``found`` and ``rrf``. Timed with fusion."""
-    everything, found = Within(engine.dense.units), {}
-    for name, retriever in engine.retrievers().items():
-        with _retriever(name):
-            found[name] = [] if retriever is None else retriever.retrieve(asked, depths[name], everything)
-    rrf = reciprocal_rank_fusion({name: [d for d, _ in hits] for name, hits in found.items()}, k=rrf_k, weights=weights)
-    if method == "learned":
-        whole = fusion.rank(asked.text, found, rrf)
-    elif method == "rrf + corpus graph":
-        whole = engine.adapted.rerank(rrf, engine.dense.units)
-    else:
-        whole = rrf
+    and the learned fusion's scores); where those are fewer than the ``need`` the caller reads
+    (None: every candidate), a second pass within the filter adds those only it finds (deeper than
+    the unfiltered candidates reach) in its fused order. An allowed chunk of a retriever's
+    unfiltered top ``depth`` is in its filtered top ``depth`` too, at the rank it holds among the
+    allowed ones: without the second pass, the retrievers' hits and RRF are the allowed ones of the
+    first, ranked as the second pass would rank them; the flag says whether the second pass ran."""
+    found, _, whole = passes.run(Within(passes.engine.dense.units))
+    seen = list(dict.fromkeys(d for hits in (whole, *found.values()) for d, _ in hits))
+    allowed = {d for d, held in zip(seen, within.allowed.contains(seen).tolist(), strict=True) if held}
     first = [hit for hit in whole if hit[0] in allowed]
+    if need is not None and len(first) >= need:
+        found = {name: [hit for hit in hits if hit[0] in allowed] for name, hits in found.items()}
+        return found, passes.rrf(found), first, False
+    found, rrf, fused = passes.run(within)
     kept = {d for d, _ in first}
-    return first + [hit for hit in fused if hit[0] not in kept]
+    return found, rrf, first + [hit for hit in fused if hit[0] not in kept], True
 
 
 def _held(engine: HybridEngine, fused: Ranking, depth: int, chunks: dict[str, Chunk]) -> Ranking:

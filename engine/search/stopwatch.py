@@ -11,7 +11,8 @@ STAGES = ("encode", "fusion", "pairs", "rerank")
 
 
 class Stopwatch:
-    """Times consecutive stages: each :meth:`lap` ends the stage it names, the next starts there."""
+    """Times consecutive stages: each :meth:`lap` ends the stage it names, the next starts there; a
+    stage run again (a filtered search's second pass) adds to its time."""
 
     def __init__(self, retrievers: Iterable[str] = ()) -> None:
         self.stages = (*STAGES, *retrievers)
@@ -22,7 +23,7 @@ class Stopwatch:
         if stage not in self.stages:
             raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(self.stages)}")
         now = time.perf_counter()
-        self.seconds[stage] = now - self._last
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._last
         self._last = now
 
     def stop(self) -> dict[str, float]:
