@@ -9,6 +9,8 @@ Deployments behind Serve's HTTP proxy (one port):
 - ``RerankerReplica``: the cross-encoder, on a GPU when the cluster has one, scoring the queries of
   every search replica together with ``@serve.batch`` (the cross-request batching that
   :class:`engine.rerank.batching.RerankBatcher` does inside one process);
+- ``PagesReplica``: the rankings pinned for their next pages, which every search replica keeps
+  and reads there, so that any replica answers a page token another made;
 - ``WriterReplica`` (unless ``--read-only``): the index's one writer. The doors send it every
   write; it checkpoints after each refresh, and each search replica shows the newest checkpoint
   before it searches (:mod:`engine.live.follower`): a write is visible on every replica within the
@@ -49,6 +51,7 @@ from engine.rerank.token_rows import WireRows
 from engine.retrieval.java import jvm_signals_kept
 from engine.search import HybridEngine
 from engine.search.opening import Remotes, open_view
+from engine.search.pages import PinFile, PinStore
 from engine.search.shard import ENCODED, LocalShard
 from engine.shards.fanout import Shard
 from engine.shards.opened import SHARD_ONLY, shard_settings
@@ -56,7 +59,7 @@ from engine.shards.writes import ShardedWriter
 from engine.store.index_dir import read_manifest, shard_dir
 from serving.app import RequestLog, build_apps
 from serving.asgi import one_port
-from serving.remotes import DESCRIBED, RemoteReranker, RemoteShards, RemoteWriter, RerankerCalls
+from serving.remotes import DESCRIBED, RemotePins, RemoteReranker, RemoteShards, RemoteWriter, RerankerCalls
 from serving.search_service import SearchService
 from serving.settings import Settings
 from serving.signals import sleep_until
@@ -135,6 +138,16 @@ class WriterReplica(Replica):
             engine.close()  # a checkpoint: the next writer replays nothing
 
 
+@serve.deployment(name="pages", num_replicas=1)
+class PagesReplica(Replica):
+    """The rankings every search replica pins for its next pages (:mod:`engine.search.pages`), in
+    one place, so that whichever replica Serve picks answers a page another pinned."""
+
+    def __init__(self, settings: Settings) -> None:
+        engine = settings.engine
+        self.calls = served(PinFile(engine.page_pins, engine.page_pin_seconds), PinStore)
+
+
 @serve.deployment(name="shard")
 class ShardReplica(Replica):
     """One shard of a sharded index: its BM25, dense index and store, answering the coordinators'
@@ -168,6 +181,7 @@ class SearchReplica:
         settings: Settings,
         reranker: DeploymentHandle | None,
         writer: DeploymentHandle | None,
+        pages: DeploymentHandle,
         shards: list[DeploymentHandle] | None = None,
         writers: list[DeploymentHandle] | None = None,
     ) -> None:
@@ -175,13 +189,14 @@ class SearchReplica:
         # Serve runs constructors on the replica's event loop, where a handle's answer cannot be
         # waited for; the engine (which asks the reranker what it reads) is built on a thread
         with ThreadPoolExecutor(1) as pool:
-            self.service = pool.submit(self._service, settings, reranker, writer, shards, writers).result()
+            self.service = pool.submit(self._service, settings, reranker, writer, pages, shards, writers).result()
 
     @staticmethod
     def _service(
         settings: Settings,
         reranker: DeploymentHandle | None,
         writer: DeploymentHandle | None,
+        pages: DeploymentHandle,
         shards: list[DeploymentHandle] | None,
         writers: list[DeploymentHandle] | None,
     ):
@@ -200,8 +215,9 @@ class SearchReplica:
             if writers:
                 named = [RayTransport(h, f"writer of shard {i}") for i, h in enumerate(writers)]
                 follow = ShardedWriter([RemoteWriter(t, timeout) for t in named])
-        engine = HybridEngine(settings.engine, reranker=remote, remotes=Remotes(writer=follow, shards=sharded))
-        return SearchService(settings, engine)
+        pins = RemotePins(RayTransport(pages, "pages"), timeout)
+        remotes = Remotes(writer=follow, shards=sharded, pins=pins)
+        return SearchService(settings, HybridEngine(settings.engine, reranker=remote, remotes=remotes))
 
     def __serve_build_asgi_app__(self):
         _, apps = build_apps(self.settings, service=self.service)
@@ -235,13 +251,14 @@ def application(settings: Settings, gpus: float = 0.0, writable: bool = True):
         )
         reranker = RerankerReplica.options(**options).bind(settings, device)
     options = _deployment_options(settings.scale_out.ray_search_replicas, settings.scale_out.ray_replica_cpus)
+    pages = PagesReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings)
     shards = read_manifest(settings.engine.index_dir).shards
     if shards:
         return SearchReplica.options(**options).bind(
-            search_settings, reranker, None, *_shards(search_settings, shards, writable)
+            search_settings, reranker, None, pages, *_shards(search_settings, shards, writable)
         )
     writer = WriterReplica.options(ray_actor_options={"num_cpus": 0}).bind(search_settings) if writable else None
-    return SearchReplica.options(**options).bind(search_settings, reranker, writer)
+    return SearchReplica.options(**options).bind(search_settings, reranker, writer, pages)
 
 
 def build_app(args: dict[str, str]):

@@ -29,6 +29,7 @@ from engine.rerank.cross_encoder import PairPreparer
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.token_rows import TokenRows, WireRows
 from engine.retrieval.encoder import resolve_model
+from engine.search.pages import PinStore
 from engine.settings import EngineSettings
 from engine.shards.fanout import Shard, Shards, ShardUnavailable, gone
 from serving.admission import Overloaded
@@ -98,6 +99,21 @@ class RemoteWriter(Remote):
 
     def close(self) -> None:
         """The writer closes itself."""
+
+
+class RemotePins(Remote):
+    """The pins a server's engines share (:class:`~engine.search.pages.PinStore`), in another
+    process: a page is refused 503 + Retry-After while it is unreachable, as a write is."""
+
+    protocol = PinStore
+
+    def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().call(method, *args, **kwargs)
+        except Unreachable as exc:
+            log.warning("%s did not take %s (%s)", self.transport.name, method.__name__, exc)
+            busy = f"the page store ({self.transport.name}) is restarting or busy; send it again"
+            raise Overloaded(busy, RETRY_AFTER_S) from None
 
 
 class RerankerCalls(Protocol):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from engine.documents import DocumentIn, SearchRequest
-from engine.search.pages import ExpiredPageToken, ForeignPageToken, Pins
+from engine.search.pages import ExpiredPageToken, ForeignPageToken, PinFile, Pins
 from tests.helpers import writable_engine
 
 QUERY = "vitamin D supplements and bone density"
@@ -75,7 +75,7 @@ def test_a_foreign_or_expired_token_is_refused(engine) -> None:
         forged = SearchRequest(query=QUERY, top_k=3, page_token=bad)
         with pytest.raises(ForeignPageToken, match="page_token: not a token this server made"):
             engine.search(QUERY, 3, options=engine.options_for(forged))
-    pins, engine.pins = engine.pins, Pins(kept=1, seconds=600)
+    pins, engine.pins = engine.pins, Pins(PinFile(kept=1, seconds=600), 600)
     try:
         token = engine.search(QUERY, 3, options=engine.options_for(first)).next_page_token
         engine.search(QUERY, 3, options=engine.options_for(first))  # pins another, dropping the first

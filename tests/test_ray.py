@@ -193,6 +193,21 @@ def test_ray_mcp_and_a2a_doors_answer_the_same(served):
     assert only_doc_ids(task) == expected
 
 
+def test_ray_pages_pinned_by_one_replica_are_read_by_any(served):
+    """Eight pages of two, each request to whichever search replica Serve picks (all eight to the
+    one that pinned: 1 in 128), are the one top-16 list (within the rerank depth of 20): the pins
+    live in the pages deployment, not in a replica."""
+    url = served["url"]
+    whole = _ids(url, "arsenic in rice", 16)
+    asked, pages = {"query": "arsenic in rice", "top_k": 2, "paginate": True}, []
+    for _ in range(8):
+        reply = httpx.post(f"{url}/search", json=asked, timeout=60)
+        assert reply.status_code == 200, reply.text
+        pages += [r["doc_id"] for r in reply.json()["results"]]
+        asked["page_token"] = reply.json()["next_page_token"]
+    assert pages == whole
+
+
 def _doc(doc_id: str, text: str) -> dict:
     return {"document_id": doc_id, "chunks": [{"chunk_id": "c1", "content": text}]}
 

@@ -31,7 +31,7 @@ from engine.search import answers, stages
 from engine.search.controls import search_options
 from engine.search.highlights import SentenceVectors
 from engine.search.opening import LOCAL, OpenIndex, Remotes, open_view
-from engine.search.pages import Pins
+from engine.search.pages import PinFile, Pins
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult
 from engine.settings import EngineSettings
 from engine.store.docstore import Chunk, DocStore
@@ -88,7 +88,8 @@ class HybridEngine:
             self.pair_inputs(self.reranker)  # token ids computed at load when the store lacks them
         self.reranker_health = FailureCount()
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
-        self.pins = Pins(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)  # rankings, for pages
+        pins = remotes.pins or PinFile(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)
+        self.pins = Pins(pins, settings.page_pin_seconds)  # rankings, for pages
         self.sentences = SentenceVectors()  # each highlighted chunk's sentence vectors, kept
 
     # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from engine.live.locks import ViewLock
     from engine.live.view import IndexView
     from engine.live.writer import LiveIndex, Writer
+    from engine.search.pages import PinStore
 
 Role = Literal["reader", "writer", "follower"]
 
@@ -43,13 +44,15 @@ Role = Literal["reader", "writer", "follower"]
 @dataclass(frozen=True)
 class Remotes:
     """What other processes serve in place of opening it here: the index's ``writer`` (a
-    follower's), a sharded index's ``shards``, and the models (``encoder`` embeds documents,
-    ``query_encoder`` queries) when they are loaded once for several indexes or served elsewhere."""
+    follower's), a sharded index's ``shards``, the models (``encoder`` embeds documents,
+    ``query_encoder`` queries) when they are loaded once for several indexes or served elsewhere,
+    and the ``pins`` that pages are read off when the engine's siblings share them."""
 
     writer: Writer | None = None
     shards: Shards | None = None
     encoder: object | None = None
     query_encoder: QueryEncoder | None = None
+    pins: PinStore | None = None
 
 
 LOCAL = Remotes()
