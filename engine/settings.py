@@ -113,6 +113,12 @@ class EngineSettings(BaseModel):
     max_request_rerank_depth: int | None = Field(
         None, ge=1, description="deepest a request may set the rerank depth (default: the request's own limit, 200)"
     )
+    filter_threads: int = Field(
+        1,
+        ge=0,
+        description="spare threads that search within a narrow filter beside its unfiltered pass, while one is"
+        " idle (0: the two passes one after the other)",
+    )
     page_pins: int = Field(
         256, ge=1, description="rankings pinned at once for their next pages (a request's paginate), the oldest dropped"
     )

@@ -188,6 +188,7 @@ def test_a_filter_leaves_chunks_out_of_the_ranking_and_never_reorders_it(index_d
     from engine.documents import DocumentIn
     from engine.search import HybridEngine
     from engine.search.results import SearchOptions
+    from engine.search.spare import SpareThreads
     from engine.settings import EngineSettings
 
     shutil.copytree(index_dir, tmp_path / "live")
@@ -219,6 +220,32 @@ def test_a_filter_leaves_chunks_out_of_the_ranking_and_never_reorders_it(index_d
                 for name, found in head.retrieved.items():  # as the search within the filter ranks them
                     assert found == every.retrieved[name][: len(found)], (raw, query, name)
                 shortcuts += len(head.fused) < len(every.fused)
+                engine.spare, spare = SpareThreads(0), engine.spare  # the second pass after the first
+                try:
+                    after = engine.stages(query, 10, filters=filters, options=shallow)
+                finally:
+                    engine.spare = spare
+                assert after.fused == head.fused and after.retrieved == head.retrieved, (raw, query)
     finally:
         engine.close()
     assert shortcuts  # some filters' first pass held the ten asked for: no second pass
+
+
+def test_spare_threads_take_a_call_only_while_one_is_idle() -> None:
+    """A narrow filter's second pass goes to a spare thread only while one is idle; busy, the query
+    runs it itself (no queue behind the spare threads)."""
+    import threading
+
+    from engine.search.spare import SpareThreads
+
+    spare, release = SpareThreads(1), threading.Event()
+    try:
+        busy = spare.start(release.wait)
+        assert busy is not None and spare.start(lambda: 1) is None
+        release.set()
+        assert busy.result(timeout=10) is True
+        again = spare.start(lambda: 2)
+        assert again is not None and again.result(timeout=10) == 2
+        assert SpareThreads(0).start(lambda: 3) is None
+    finally:
+        spare.close()

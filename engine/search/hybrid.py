@@ -33,6 +33,7 @@ from engine.search.highlights import SentenceVectors
 from engine.search.opening import LOCAL, OpenIndex, Remotes, open_view
 from engine.search.pages import PinFile, Pins
 from engine.search.results import AS_LOADED, Hits, SearchOptions, StageResult
+from engine.search.spare import SpareThreads
 from engine.settings import EngineSettings
 from engine.store.docstore import Chunk, DocStore
 from engine.store.index_dir import (
@@ -90,6 +91,7 @@ class HybridEngine:
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
         pins = remotes.pins or PinFile(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)
         self.pins = Pins(pins, settings.page_pin_seconds)  # rankings, for pages
+        self.spare = SpareThreads(settings.filter_threads)  # a narrow filter's second pass, beside its first
         self.sentences = SentenceVectors()  # each highlighted chunk's sentence vectors, kept
 
     # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)
@@ -141,6 +143,7 @@ class HybridEngine:
 
     def close(self) -> None:
         """Checkpoint live writes (if any) and release the index."""
+        self.spare.close()
         self.index.close()
 
     def _load_memory(self, index_dir: Path) -> JudgmentMemory | None:

@@ -7,6 +7,7 @@ the OpenTelemetry stage spans all read.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -163,13 +164,15 @@ class _Passes:
         else:
             self.method = "rrf"
 
-    def run(self, within: Within) -> tuple[dict[str, Ranking], Ranking, Ranking]:
-        """Each retriever's hits within ``within``, their RRF and the fused ranking."""
+    def run(self, within: Within, watch: Stopwatch | None = None) -> tuple[dict[str, Ranking], Ranking, Ranking]:
+        """Each retriever's hits within ``within``, their RRF and the fused ranking (timed on
+        ``watch``, by default the query's)."""
+        watch = watch or self.watch
         found = {}
         for name, retriever in self.retrievers.items():  # in the stopwatch's order
             with _retriever(name):
                 found[name] = [] if retriever is None else retriever.retrieve(self.asked, self.depths[name], within)
-            self.watch.lap(name)
+            watch.lap(name)
         rrf = self.rrf(found)
         if self.method == "learned":
             fused = self.fusion.rank(self.asked.text, found, rrf)
@@ -177,8 +180,15 @@ class _Passes:
             fused = self.engine.adapted.rerank(rrf, self.engine.dense.units)
         else:
             fused = rrf
-        self.watch.lap("fusion")
+        watch.lap("fusion")
         return found, rrf, fused
+
+    def narrow(self, within: Within, need: int) -> bool:
+        """Whether a filter is too narrow for the unfiltered pass to hold ``need`` of its chunks
+        (its share of the index times the deepest retriever's depth, fewer than ``need``)."""
+        if within.rows is None:  # a sharded index's filter: its size is the shards' to count
+            return False
+        return len(within.allowed) * max(self.depths.values()) < need * len(self.engine.dense.units)
 
     def rrf(self, found: Mapping[str, Ranking]) -> Ranking:
         ranks = {name: [d for d, _ in hits] for name, hits in found.items()}
@@ -193,15 +203,28 @@ def _filtered(passes: _Passes, within: Within, need: int | None) -> tuple[dict[s
     the unfiltered candidates reach) in its fused order. An allowed chunk of a retriever's
     unfiltered top ``depth`` is in its filtered top ``depth`` too, at the rank it holds among the
     allowed ones: without the second pass, the retrievers' hits and RRF are the allowed ones of the
-    first, ranked as the second pass would rank them; the flag says whether the second pass ran."""
+    first, ranked as the second pass would rank them; the flag says whether the second pass ran.
+
+    A filter too narrow for the first pass to hold ``need`` of its chunks has its second pass run
+    beside the first on a spare thread while one is idle (:mod:`engine.search.spare`), the wait
+    for it timed as fusion."""
+    ahead = None
+    if need is not None and passes.narrow(within, need):
+        ahead = passes.engine.spare.start(functools.partial(passes.run, within, Stopwatch(passes.retrievers)))
     found, _, whole = passes.run(Within(passes.engine.dense.units))
     seen = list(dict.fromkeys(d for hits in (whole, *found.values()) for d, _ in hits))
     allowed = {d for d, held in zip(seen, within.allowed.contains(seen).tolist(), strict=True) if held}
     first = [hit for hit in whole if hit[0] in allowed]
     if need is not None and len(first) >= need:
+        if ahead is not None:
+            ahead.result()  # it reads the view this search's lock holds: never left running past it
         found = {name: [hit for hit in hits if hit[0] in allowed] for name, hits in found.items()}
         return found, passes.rrf(found), first, False
-    found, rrf, fused = passes.run(within)
+    if ahead is not None:
+        found, rrf, fused = ahead.result()
+        passes.watch.lap("fusion")  # the wait for it
+    else:
+        found, rrf, fused = passes.run(within)
     kept = {d for d, _ in first}
     return found, rrf, first + [hit for hit in fused if hit[0] not in kept], True
 
