@@ -184,11 +184,14 @@ class _Passes:
         return found, rrf, fused
 
     def narrow(self, within: Within, need: int) -> bool:
-        """Whether a filter is too narrow for the unfiltered pass to hold ``need`` of its chunks
-        (its share of the index times the deepest retriever's depth, fewer than ``need``)."""
+        """Whether a filter is too narrow for the unfiltered pass to hold ``need`` of its chunks:
+        its share of the index times the most candidates that pass can hold (the retrievers'
+        depths summed) is fewer. A wider one (a tenth of the index, at depths of 100 and 10 hits)
+        is mostly answered by the first pass alone, and a second pass beside it would be waited
+        for, for nothing."""
         if within.rows is None:  # a sharded index's filter: its size is the shards' to count
             return False
-        return len(within.allowed) * max(self.depths.values()) < need * len(self.engine.dense.units)
+        return len(within.allowed) * sum(self.depths.values()) < need * len(self.engine.dense.units)
 
     def rrf(self, found: Mapping[str, Ranking]) -> Ranking:
         ranks = {name: [d for d, _ in hits] for name, hits in found.items()}
