@@ -1,7 +1,8 @@
-"""Where a filtered search's time goes: each filter's stages (encoding, each retriever within the
-filter, the fusion lap that holds the unfiltered pass keeping the unfiltered order), in process,
-one query at a time, no reranker, beside the same queries unfiltered, the cases in turn query by
-query after the served warm-up (docs/filters.md, "At a million chunks").
+"""Where a filtered search's time goes: each filter's stages (encoding, each retriever and the
+fusion over both passes, where the search within the filter ran), in process, one query at a time,
+no reranker, beside the same queries unfiltered, the cases in turn query by query after the served
+warm-up (docs/filters.md, "At a million chunks"); with ``--clients N``, also each case's queries/s
+with N threads searching at once.
 
     python -m benchmarks.filter_stages --index-dir /tmp/t66-run/index-300000 \\
         --data /tmp/t66-run/corpus-300000 --filter 'reviews={"document_types": ["review"]}'
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,9 @@ def main() -> None:
     parser.add_argument(
         "--filter-threads", type=int, default=EngineSettings().filter_threads, help="the setting (0: passes in turn)"
     )
+    parser.add_argument(
+        "--clients", type=int, default=0, help="also each case's queries/s with this many threads searching at once"
+    )
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     engine = HybridEngine(EngineSettings(index_dir=args.index_dir, rerank=False, filter_threads=args.filter_threads))
@@ -66,13 +71,26 @@ def main() -> None:
             result = run_stages(engine, query, 10, None, cases[name])
             totals[name].append(time.perf_counter() - began)
             laps[name].append(result.seconds)
+    loaded = {name: _per_second(engine, queries, filters, args.clients) for name, filters in cases.items()}
     engine.close()
     for name in cases:
         stages = {lap: round(1000 * float(np.median([s[lap] for s in laps[name]])), 1) for lap in laps[name][0]}
         found[name] = found.get(name, {}) | {"ms": percentiles(totals[name]), "stage_p50_ms": stages}
+        if args.clients:
+            found[name]["queries_per_s"] = {"clients": args.clients, "rate": loaded[name]}
         print(name, json.dumps(found[name]), flush=True)
     output = args.output or Path("benchmarks/results") / machine_name() / f"filter-stages-{args.index_dir.name}.json"
     print(f"wrote {write_result(output, {'cases': found}, vars(args))}")
+
+
+def _per_second(engine: HybridEngine, queries: list[str], filters, clients: int) -> float | None:
+    """Every query searched once by ``clients`` threads at once: queries a second."""
+    if not clients:
+        return None
+    began = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda q: engine.search(q, 10, filters), queries))
+    return round(len(queries) / (time.perf_counter() - began), 1)
 
 
 if __name__ == "__main__":
