@@ -84,8 +84,10 @@ def engine(index_dir):
 A2A_TASKS_KEPT = 30  # the server fixture's bound on A2A tasks, small enough for a test to pass it
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(index_dir, tmp_path_factory):
+    """One server on the tiny index for every module of a test worker that asks for it (a start is
+    ~15 s of CPU on these cores); its tests only read, and count only what they made."""
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
     proc = start_server(
