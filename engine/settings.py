@@ -197,8 +197,8 @@ class EngineSettings(BaseModel):
         description="token budget of one cross-request rerank batch (text-embeddings-inference's max-batch-tokens):"
         " concurrent queries' pairs are gathered until their tokens would pass it, then scored together (on CUDA"
         " in one pass, elsewhere in length-sorted passes of --rerank-batch-size pairs); tokens, not pairs, because"
-        " a pair's cost grows with its length. More: fuller GPU passes under load, each query waiting on a longer batch. Default: 1,024"
-        " pairs of 256 tokens",
+        " a pair's cost grows with its length. More: fuller GPU passes under load, each query waiting on a longer"
+        " batch. Default: 1,024 pairs of 256 tokens",
     )
     rerank_cuda_graphs: bool = Field(
         True,
