@@ -86,13 +86,17 @@ A2A_TASKS_KEPT = 30  # the server fixture's bound on A2A tasks, small enough for
 
 @pytest.fixture(scope="session")
 def server(index_dir, tmp_path_factory):
-    """One server on the tiny index for every module of a test worker that asks for it (a start is
-    ~15 s of CPU on these cores); its tests only read, and count only what they made."""
+    """One server for every module of a test worker that asks for it (a start is ~15 s of CPU on
+    these cores); its tests only read, and count only what they made. It writes a copy of the tiny
+    index, so the others can still serve ``index_dir`` as its writer meanwhile."""
+    import shutil
+
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
+    served = shutil.copytree(index_dir, tmp_path_factory.mktemp("served") / "tiny")
     proc = start_server(
         serve_args(
-            index_dir, mcp_port, "--query-timeout", "20", "--a2a-tasks-kept", str(A2A_TASKS_KEPT), a2a_port=a2a_port
+            served, mcp_port, "--query-timeout", "20", "--a2a-tasks-kept", str(A2A_TASKS_KEPT), a2a_port=a2a_port
         ),
         f"http://127.0.0.1:{mcp_port}/health",
         log,
