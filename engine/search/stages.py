@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator, Mapping
+from concurrent.futures import wait
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -214,13 +215,18 @@ def _filtered(passes: _Passes, within: Within, need: int | None) -> tuple[dict[s
     ahead = None
     if need is not None and passes.narrow(within, need):
         ahead = passes.engine.spare.start(functools.partial(passes.run, within, Stopwatch(passes.retrievers)))
-    found, _, whole = passes.run(Within(passes.engine.dense.units))
-    seen = list(dict.fromkeys(d for hits in (whole, *found.values()) for d, _ in hits))
-    allowed = {d for d, held in zip(seen, within.allowed.contains(seen).tolist(), strict=True) if held}
+    try:
+        found, _, whole = passes.run(Within(passes.engine.dense.units))
+        seen = list(dict.fromkeys(d for hits in (whole, *found.values()) for d, _ in hits))
+        allowed = {d for d, held in zip(seen, within.allowed.contains(seen).tolist(), strict=True) if held}
+    except BaseException:
+        if ahead is not None:  # it reads the view this search's lock holds: never left running past it
+            wait([ahead])
+        raise
     first = [hit for hit in whole if hit[0] in allowed]
     if need is not None and len(first) >= need:
         if ahead is not None:
-            ahead.result()  # it reads the view this search's lock holds: never left running past it
+            wait([ahead])  # as above: its answer is not needed
         found = {name: [hit for hit in hits if hit[0] in allowed] for name, hits in found.items()}
         return found, passes.rrf(found), first, False
     if ahead is not None:
