@@ -71,23 +71,27 @@ def _signature(method: Callable) -> inspect.Signature:
     return inspect.signature(method)
 
 
-class RemoteWriter(Remote):
-    """An index's writer in another process as an engine's ``live``: every
-    :class:`~engine.live.writer.Writer` call, sent through ``transport``."""
+class Refusing(Remote):
+    """A remote whose callee being unreachable (restarting, stuck) refuses the call with
+    :class:`Overloaded` (503 + Retry-After), its ``busy`` message naming the callee, while searches go on."""
 
-    protocol = Writer
-    timeouts = {Writer.snapshot: SNAPSHOT_TIMEOUT_S, Writer.status: STATUS_TIMEOUT_S}
+    busy: ClassVar[str]  # with {name}: the callee
 
     def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().call(method, *args, **kwargs)
         except Unreachable as exc:
             log.warning("%s did not take %s (%s)", self.transport.name, method.__name__, exc)
-            raise Overloaded(
-                f"the index's writer ({self.transport.name}) is restarting or busy; send it again (a document sent"
-                " twice is kept once)",
-                RETRY_AFTER_S,
-            ) from None
+            raise Overloaded(self.busy.format(name=self.transport.name), RETRY_AFTER_S) from None
+
+
+class RemoteWriter(Refusing):
+    """An index's writer in another process as an engine's ``live``: every
+    :class:`~engine.live.writer.Writer` call, sent through ``transport``."""
+
+    protocol = Writer
+    timeouts = {Writer.snapshot: SNAPSHOT_TIMEOUT_S, Writer.status: STATUS_TIMEOUT_S}
+    busy = "the index's writer ({name}) is restarting or busy; send it again (a document sent twice is kept once)"
 
     def status(self) -> dict:
         """The writer's own status (``refresh_error`` among it), or ``reachable: false`` and why."""
@@ -101,19 +105,12 @@ class RemoteWriter(Remote):
         """The writer closes itself."""
 
 
-class RemotePins(Remote):
+class RemotePins(Refusing):
     """The pins a server's engines share (:class:`~engine.search.pages.PinStore`), in another
-    process: a page is refused 503 + Retry-After while it is unreachable, as a write is."""
+    process: a page is refused while it is unreachable, as a write is."""
 
     protocol = PinStore
-
-    def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().call(method, *args, **kwargs)
-        except Unreachable as exc:
-            log.warning("%s did not take %s (%s)", self.transport.name, method.__name__, exc)
-            busy = f"the page store ({self.transport.name}) is restarting or busy; send it again"
-            raise Overloaded(busy, RETRY_AFTER_S) from None
+    busy = "the page store ({name}) is restarting or busy; send it again"
 
 
 class RerankerCalls(Protocol):
