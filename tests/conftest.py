@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,15 @@ LONGEST = "test_ray"  # a local Ray cluster, started once for the module
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The Ray module first (stable otherwise): with each module whole on one worker (tests/run's
-    ``--dist loadfile``), the longest unit of work starts while the other worker takes the rest."""
-    items.sort(key=lambda item: item.path.stem != LONGEST)
+    """Modules in the order the workers take them whole (tests/run's ``--dist loadfile``, with
+    xdist's own reorder by test count turned off): the Ray module first, then those with the most
+    slow tests, then the most tests, so the longest units of work start first and the two workers
+    finish together."""
+    slow = Counter(item.path.stem for item in items if item.get_closest_marker("slow"))
+    size = Counter(item.path.stem for item in items)
+    order = sorted(size, key=lambda stem: (stem != LONGEST, -slow[stem], -size[stem], stem))
+    rank = {stem: i for i, stem in enumerate(order)}
+    items.sort(key=lambda item: rank[item.path.stem])
 
 
 @pytest.fixture(scope="session")
