@@ -109,7 +109,7 @@ class _RayStarted:
 
 class RayTransport:
     """A Ray Serve deployment, through its handle (Serve picks the replica), whose ``call(method,
-    *args)`` answers from its :func:`served` table (``serving/ray_app.py: Replica``)."""
+    *args)`` answers from its :func:`served` table (``serving/ray_replicas.py: Replica``)."""
 
     def __init__(self, handle, name: str) -> None:
         self.handle, self.name = handle, name

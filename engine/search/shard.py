@@ -8,8 +8,8 @@ the three phases of Elasticsearch's ``dfs_query_then_fetch`` and nothing more.
 - **fetch:** :meth:`LocalShard.chunks`, the texts of the hits merged.
 
 Every argument and answer is plain data, so the same calls go to a shard in this process or to a
-Ray deployment's replicas (``serving/ray_app.py: ShardReplica``), and a shard that follows its writer shows
-the writer's checkpoints before it answers, as any follower does.
+Ray deployment's replicas (``serving/ray_replicas.py: ShardReplica``), and a shard that follows its
+writer shows the writer's checkpoints before it answers, as any follower does.
 """
 
 from __future__ import annotations
