@@ -101,6 +101,16 @@ def write_trec_run(path: Path, run: Run, tag: str) -> None:
                 fh.write(f"{qid} Q0 {doc_id} {rank} {len(docs) - rank + 1} {tag}\n")
 
 
+def read_trec_run(path: Path) -> Run:
+    """A run :func:`write_trec_run` wrote, each query's documents by rank."""
+    ranked: dict[str, list[tuple[int, str]]] = {}
+    with open(path) as fh:
+        for line in fh:
+            qid, _, doc_id, rank, *_ = line.split()
+            ranked.setdefault(qid, []).append((int(rank), doc_id))
+    return {qid: [doc_id for _, doc_id in sorted(docs)] for qid, docs in ranked.items()}
+
+
 def write_summary(path: Path, summary: dict) -> None:
     """An evaluation's summary, with the command, commit and machine that made it."""
     write_result(path, summary)
