@@ -3,7 +3,7 @@ import warnings
 import pytest
 
 from engine.fusion.rrf import blend_reranking, reciprocal_rank_fusion
-from offline.evaluation import evaluate_run, in_list_ndcg, sample_queries
+from offline.evaluation import evaluate_run, in_list_ndcg, read_trec_run, sample_queries, write_trec_run
 
 
 def test_rrf_matches_hand_computation():
@@ -92,3 +92,12 @@ def test_paired_test_measures_gain_and_noise():
     assert paired_test(qrels, mixed, second)["p_value"] > 0.05  # half the queries gain: not conclusive
     missing = paired_test(qrels, first, {"q0": first["q0"]})  # queries the baseline lacks count 0 for it
     assert missing["gain"] == pytest.approx(5 / 6) and missing["queries"] == 6
+
+
+def test_a_trec_run_reads_back_as_written_and_scores_the_same(tmp_path):
+    run = {"q1": [f"d{i}" for i in (3, 1, 2, 12, 4, 5, 6, 7, 8, 9, 10, 11)], "q2": ["d2"]}  # ranks past 9
+    qrels = {"q1": {"d1": 2, "d2": 1}, "q2": {"d2": 1}}
+    write_trec_run(tmp_path / "run.bm25.trec", run, "bm25")
+    back = read_trec_run(tmp_path / "run.bm25.trec")
+    assert back == run
+    assert evaluate_run(qrels, back) == evaluate_run(qrels, run)
