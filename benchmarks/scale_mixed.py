@@ -159,6 +159,7 @@ def main() -> None:
         copy = args.work / "baseline"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(args.baseline, copy)
+        report["baseline_in_process_ms"] = in_process(copy, queries)  # REST's own cost, read at both sizes
         report["baseline_serving"] = measure(copy, queries, args.work / "baseline.log", False)
         print(report["baseline_serving"], flush=True)
     report["serving"] = measure(target, queries, args.work / "index.log", False)
