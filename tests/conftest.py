@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -96,8 +97,6 @@ def server(index_dir, tmp_path_factory):
     """One server for every module of a test worker that asks for it (a start is ~15 s of CPU on
     these cores); its tests only read, and count only what they made. It writes a copy of the tiny
     index, so the others can still serve ``index_dir`` as its writer meanwhile."""
-    import shutil
-
     mcp_port, a2a_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("logs") / "serve.log"
     served = shutil.copytree(index_dir, tmp_path_factory.mktemp("served") / "tiny")
