@@ -8,9 +8,10 @@ vectors plus Gaussian noise (sigma 0.03 a dimension), renormalised. Unlike copie
 lists no longer hold a query's neighbours together. Every tenth passage is a ``review``. The build
 takes the vectors with ``--vectors`` and ``--dense-index auto``; then: the choice and its reason
 (the manifest), recall@100 against exact search on 200 dev queries (encoded as the server encodes
-them), the dense stage and the whole query in process (200 dev queries, no reranker), and
-``serve --workers 2`` through REST at 1 and 64 clients, after the 3.6k index of ``--baseline``
-measured the same way in the same run (:func:`benchmarks.scale_serving.measure`).
+them; a graph's at each efSearch, a refined scan's at each k_factor), the dense stage and the whole
+query in process (200 dev queries, no reranker), and ``serve --workers 2`` through REST at 1 and 64
+clients, after the 3.6k index of ``--baseline`` measured the same way in the same run
+(:func:`benchmarks.scale_serving.measure`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ def dev_recall(target: Path, vectors: Path, queries: list[str], manifest: dict) 
         _, found = index.search(probes, 100)
         return round(float(np.mean([len(set(f) & set(t)) / 100 for f, t in zip(found, truth, strict=True)])), 4)
 
+    if isinstance(kind, faiss.IndexRefine):  # a refined scan: as built, and at each k_factor
+        built = kind.k_factor
+        swept = {}
+        for factor in (1, 2, 4, 8, 16):
+            kind.k_factor = factor
+            swept[factor] = recall()
+        kind.k_factor = built
+        return {"queries": len(queries), "k_factor": built, "recall_at_100": recall(), "by_k_factor": swept}
     if not hasattr(kind, "hnsw"):
         return {"queries": len(queries), "recall_at_100": recall()}
     built = kind.hnsw.efSearch  # as a server searches it: the build's, or the setting's if wider

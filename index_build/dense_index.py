@@ -1,20 +1,24 @@
 """The dense index a build makes, chosen for the corpus's size and shape and named as FAISS's
 index_factory names an index, in one string.
 
-``--dense-index``: ``auto`` (exact below :data:`IVF_FROM` vectors, IVF above, or HNSW where IVF
-would probe too many lists), ``flat`` (exact inner product), ``hnsw`` (a graph), ``ivf`` (an
-inverted file with 8-bit scalar codes, ``nlist`` from the size), or any index_factory string
-(``IVF4096,PQ48``, ``IVF1024,Flat``...). An IVF index is trained on a sample, filled a batch at a
-time, and its ``nprobe`` is the smallest that reaches :data:`TARGET_RECALL` recall@100 against
-exact search on probe queries: the dataset's training queries or text-derived probes, encoded as
-queries are (corpus vectors sit in their own lists and flatter it). ``auto`` keeps IVF only when
-that nprobe is at most nlist / :data:`MOST_PROBED`: on a corpus whose vectors do not cluster, IVF
-at half its lists costs what exact search does, and the build takes an HNSW graph instead (not flat:
-``auto`` tries IVF only from the size where exact search is too slow), its recall measured on the
-same probes; the manifest says what was chosen and why (``settings.dense.choice``).
-Every index holds vectors by store row (flat and HNSW through ``IndexIDMap2``, IVF by its own ids),
-so live writes can remove and replace single rows (on HNSW, removed rows are skipped until a merge
-rebuilds the graph: :func:`engine.retrieval.segments.merged_base`).
+``--dense-index``: ``auto`` (exact below :data:`IVF_FROM` vectors, IVF above, or a refined scan or
+HNSW where IVF would probe too many lists), ``flat`` (exact inner product), ``hnsw`` (a graph),
+``ivf`` (an inverted file with 8-bit scalar codes, ``nlist`` from the size), ``scan`` (every
+vector's 4-bit codes scanned, FAISS's fast-scan, and the best re-scored exactly), or any
+index_factory string (``IVF4096,PQ48``, ``IVF1024,Flat``...). An IVF index is trained on a sample,
+filled a batch at a time, and its ``nprobe`` is the smallest that reaches :data:`TARGET_RECALL`
+recall@100 against exact search on probe queries: the dataset's training queries or text-derived
+probes, encoded as queries are (corpus vectors sit in their own lists and flatter it); a graph's
+``efSearch`` and a scan's re-scored share (``k_factor``) are tuned the same way. ``auto`` keeps
+IVF only when that nprobe is at most nlist / :data:`MOST_PROBED`: on a corpus whose vectors do not
+cluster, IVF at half its lists costs what exact search does. The build then takes the refined scan
+up to :data:`SCAN_UNTIL` vectors (it builds in seconds and, while its codes stay in cache, searches
+in a fraction of a graph's time), else an HNSW graph (not flat: ``auto`` tries IVF only from the
+size where exact search is too slow), each with its recall measured on the same probes; the
+manifest says what was chosen and why (``settings.dense.choice``).
+Every index holds vectors by store row (flat, scan and HNSW through ``IndexIDMap2``, IVF by its own
+ids), so live writes can remove and replace single rows (on HNSW and the scan, removed rows are
+skipped until a merge builds them again: :func:`engine.retrieval.segments.merged_base`).
 """
 
 from __future__ import annotations
@@ -39,17 +43,23 @@ RECALL_K = 100
 # IVF's only gain over a graph is gone (docs/scale.md, "Corpora that do not cluster")
 MOST_PROBED = 8
 MOST_EF = 2048  # the widest efSearch tuned (a bound, not swept): a graph this wide still reads a small share
-NAMED = ("auto", "flat", "hnsw", "ivf")
+MOST_REFINED = 32  # the widest k_factor tuned: a scan re-scoring 3,200 of its best for a top 100
+# auto's refined scan up to this many vectors, a graph beyond: the scan's codes outgrow the cache
+# (docs/scale.md, "Corpora that do not cluster")
+SCAN_UNTIL = 500_000
+NAMED = ("auto", "flat", "hnsw", "ivf", "scan")
 
 
-def resolve(kind: str, n: int, hnsw_m: int = 32) -> str:
-    """The index_factory string ``kind`` means for ``n`` vectors."""
+def resolve(kind: str, n: int, hnsw_m: int = 32, dimension: int = 384) -> str:
+    """The index_factory string ``kind`` means for ``n`` vectors of ``dimension``."""
     if kind == "auto":
         kind = "flat" if n < IVF_FROM else "ivf"
     if kind == "flat":
         return "Flat"
     if kind == "hnsw":
         return f"HNSW{hnsw_m}"
+    if kind == "scan":  # two dimensions a 4-bit code (one where the dimension is odd), re-scored exactly
+        return f"PQ{dimension // 2 if dimension % 2 == 0 else dimension}x4fs,RFlat"
     if kind == "ivf":
         nlist = max(1, min(65536, 2 ** round(math.log2(max(1.0, 4 * math.sqrt(n))))))
         return f"IVF{nlist},SQ8"
@@ -61,7 +71,7 @@ def check_factory(kind: str, dimension: int, n: int) -> None:
     with more lists than ``n`` vectors to train them."""
     import faiss
 
-    factory = resolve(kind, n)
+    factory = resolve(kind, n, dimension=dimension)
     try:
         index = faiss.index_factory(dimension, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
@@ -91,8 +101,8 @@ def build_dense(
     approximate index is built; default: 200 corpus vectors, which flatter an inverted file),
     described by ``probes``. ``ef_search``: the HNSW breadth the engine searches with, widened
     until the graph reaches the target recall."""
-    n = len(vectors)
-    factory, key = resolve(kind, n, hnsw_m), f"recall_at_{min(RECALL_K, n)}"
+    n, dimension = vectors.shape
+    factory, key = resolve(kind, n, hnsw_m, dimension), f"recall_at_{min(RECALL_K, n)}"
     at = f"recall@{min(RECALL_K, n)}"
     why = f"--dense-index {kind}" if kind != "auto" else f"auto: {n:,} chunks, below {IVF_FROM:,}: exact search is fast"
     probing: dict = {}
@@ -105,36 +115,62 @@ def build_dense(
             probing["truth"] = _exact(vectors, probing["queries"], min(RECALL_K, n), rows)
         return probing
 
-    index, info = _make(vectors, factory, hnsw_m, progress, rows)
+    def made(factory: str) -> tuple[object, dict]:
+        """The index ``factory`` names, an approximate one's breadth tuned on the probes."""
+        index, info = _make(vectors, factory, hnsw_m, progress, rows)
+        ivf, kind_of = _ivf(index), _kind(index)
+        if ivf is not None:
+            info |= _widen(index, probe_set(), "nprobe", 1, ivf.nlist, lambda v: setattr(ivf, "nprobe", v))
+        elif hasattr(kind_of, "hnsw"):
+            graph = kind_of.hnsw
+            info |= _widen(index, probe_set(), "ef_search", ef_search, MOST_EF, lambda v: setattr(graph, "efSearch", v))
+        elif _refined(kind_of):
+            info |= _widen(index, probe_set(), "k_factor", 1, MOST_REFINED, lambda v: setattr(kind_of, "k_factor", v))
+        return index, info
+
+    index, info = made(factory)
     ivf = _ivf(index)
-    if ivf is not None:
-        info |= _tune_nprobe(index, ivf, probe_set())
-        most = max(1, ivf.nlist // MOST_PROBED)
-        if kind == "auto" and info["nprobe"] > most:
-            tried = {k: info[k] for k in ("factory", "nlist", "nprobe", key, "train_seconds", "add_seconds")}
-            why = (
-                f"auto: {factory} needs nprobe {info['nprobe']:,} of {ivf.nlist:,} lists (more than 1/{MOST_PROBED})"
-                f" for {at} {info[key]:.3f} on {probing['source']}: its vectors do not cluster, so a graph"
-                f" (HNSW{hnsw_m}), not exact search, which is slow from {IVF_FROM:,} chunks"
-            )
-            del index
-            factory = f"HNSW{hnsw_m}"
-            index, info = _make(vectors, factory, hnsw_m, progress, rows)
-            info["ivf_tried"] = tried
-        elif kind == "auto":
-            why = (
-                f"auto: {n:,} chunks, and {factory} reaches {at} {info[key]:.3f} at nprobe {info['nprobe']:,}"
-                f" of {ivf.nlist:,} lists on {probing['source']}"
-            )
-    if hasattr(_kind(index), "hnsw"):
-        info |= _tune_ef(index, probe_set(), ef_search)
-        if info[key] < TARGET_RECALL:
-            log.warning("dense index %s: %s %.3f at efSearch %d, the most tried", factory, at, info[key], MOST_EF)
+    if kind == "auto" and ivf is not None and info["nprobe"] <= max(1, ivf.nlist // MOST_PROBED):
+        why = (
+            f"auto: {n:,} chunks, and {factory} reaches {at} {info[key]:.3f} at nprobe {info['nprobe']:,}"
+            f" of {ivf.nlist:,} lists on {probing['source']}"
+        )
+    elif kind == "auto" and ivf is not None:
+        tried = {k: info[k] for k in ("factory", "nlist", "nprobe", key, "train_seconds", "add_seconds")}
+        crowded = (
+            f"auto: {factory} needs nprobe {info['nprobe']:,} of {ivf.nlist:,} lists (more than 1/{MOST_PROBED})"
+            f" for {at} {info[key]:.3f} on {probing['source']}: its vectors do not cluster"
+        )
+        del index, ivf
+        index, info, instead = _instead_of_ivf(made, n, resolve("scan", n, hnsw_m, dimension), f"HNSW{hnsw_m}")
+        why = f"{crowded}, so {instead}"
+        info["ivf_tried"] = tried
+    if info.get(key, 1.0) < TARGET_RECALL:
+        log.warning("dense index %s: %s %.3f at its widest search", info["factory"], at, info[key])
     if probing:
         info["probes"] = probing["source"]
-    info["choice"] = {"chosen": factory, "why": why}
-    log.info("dense index %s: %s", factory, why)
+    info["choice"] = {"chosen": info["factory"], "why": why}
+    log.info("dense index %s: %s", info["factory"], why)
     return index, info
+
+
+def _instead_of_ivf(made: Callable, n: int, scan: str, graph: str) -> tuple[object, dict, str]:
+    """Where IVF would probe too much of itself: the refined ``scan`` up to :data:`SCAN_UNTIL` vectors
+    when it reaches the target recall, else the ``graph``; with what was chosen and why."""
+    key, at = f"recall_at_{min(RECALL_K, n)}", f"recall@{min(RECALL_K, n)}"
+    if n > SCAN_UNTIL:
+        because, tried = f"{n:,} chunks, more than a scan's {SCAN_UNTIL:,}", None
+    else:
+        index, info = made(scan)
+        if info[key] >= TARGET_RECALL:
+            return index, info, f"a scan of 4-bit codes re-scored exactly ({scan}, k_factor {info['k_factor']})"
+        del index
+        tried = {k: info[k] for k in ("factory", "k_factor", key, "train_seconds", "add_seconds")}
+        because = f"{scan} reaches only {at} {info[key]:.3f} at k_factor {info['k_factor']}"
+    index, info = made(graph)
+    if tried is not None:
+        info["scan_tried"] = tried
+    return index, info, f"a graph ({graph}: {because}), not exact search, which is slow from {IVF_FROM:,} chunks"
 
 
 def _make(vectors: np.ndarray, factory: str, hnsw_m: int, progress: bool, rows: np.ndarray | None):
@@ -220,32 +256,26 @@ def _recall(index, probing: dict) -> float:
     return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth, strict=True)]))
 
 
-def _tune_nprobe(index, ivf, probing: dict) -> dict:
-    """The smallest power-of-two nprobe whose recall@100 against exact search reaches the target on
-    the probes; set on the index."""
-    recall, nprobe = 0.0, 1
-    while True:
-        ivf.nprobe = nprobe
-        recall = _recall(index, probing)
-        if recall >= TARGET_RECALL or nprobe >= ivf.nlist:
-            break
-        nprobe = min(ivf.nlist, nprobe * 2)
-    k, count = probing["truth"].shape[1], len(probing["queries"])
-    log.info("IVF nprobe %d: recall@%d %.3f against exact on %s", nprobe, k, recall, probing["source"])
-    return {"nlist": ivf.nlist, "nprobe": nprobe, f"recall_at_{k}": round(recall, 4), "recall_queries": count}
+def _refined(index) -> bool:
+    """Whether ``index`` re-scores a coarse search exactly (FAISS's ``IndexRefine``: the ``scan``)."""
+    import faiss
+
+    return isinstance(index, faiss.IndexRefine)
 
 
-def _tune_ef(index, probing: dict, ef_search: int) -> dict:
-    """The smallest efSearch from the engine's (``--hnsw-ef-search``), doubling up to
-    :data:`MOST_EF`, whose recall@100 against exact search reaches the target on the probes; set on
-    the graph, so the index file carries it (a server searches with it, or its own if larger)."""
-    graph, ef = _kind(index), ef_search
+def _widen(index, probing: dict, name: str, start: int, most: int, set_to: Callable[[int], None]) -> dict:
+    """The smallest breadth ``name`` (an IVF's nprobe, a graph's efSearch, a scan's k_factor) from
+    ``start``, doubling up to ``most``, whose recall@100 against exact search reaches the target on
+    the probes; set on the index, so its file carries it (a server searches with it)."""
+    breadth = start
     while True:
-        graph.hnsw.efSearch = ef
+        set_to(breadth)
         recall = _recall(index, probing)
-        if recall >= TARGET_RECALL or ef >= MOST_EF:
+        if recall >= TARGET_RECALL or breadth >= most:
             break
-        ef = min(MOST_EF, ef * 2)
+        breadth = min(most, breadth * 2)
     k, count = probing["truth"].shape[1], len(probing["queries"])
-    log.info("HNSW efSearch %d: recall@%d %.3f against exact on %s", ef, k, recall, probing["source"])
-    return {"ef_search": ef, f"recall_at_{k}": round(recall, 4), "recall_queries": count}
+    log.info("dense index: %s %d, recall@%d %.3f against exact on %s", name, breadth, k, recall, probing["source"])
+    found = {name: breadth, f"recall_at_{k}": round(recall, 4), "recall_queries": count}
+    ivf = _ivf(index)
+    return found | ({"nlist": ivf.nlist} if ivf is not None else {})

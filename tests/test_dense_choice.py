@@ -1,8 +1,9 @@
 """The dense index ``auto`` chooses, by the corpus's shape as well as its size (index_build/dense_index.py):
-IVF kept where its vectors cluster, an HNSW graph where IVF would probe more than an eighth of its
-lists, the recall measured on query probes and the reason in the manifest; and an HNSW index that
-takes live writes (removed rows skipped, the graph built again when merged). Real FAISS throughout;
-synthetic vectors for the choice, the tiny BEIR index for the build and the writes."""
+IVF kept where its vectors cluster, a refined scan (past its size, or short of the recall, an HNSW
+graph) where IVF would probe more than an eighth of its lists, the recall measured on query probes
+and the reason in the manifest; and an HNSW index that takes live writes (removed rows skipped, the
+graph built again when merged; a scan's writes: tests/test_dense_segments.py). Real FAISS
+throughout; synthetic vectors for the choice, the tiny BEIR index for the build and the writes."""
 
 from __future__ import annotations
 
@@ -73,21 +74,45 @@ def test_a_clustered_corpus_keeps_ivf_with_nprobe_tuned_on_the_queries_given(sma
     assert index.nprobe == info["nprobe"]
 
 
-def test_a_mixed_corpus_where_ivf_needs_more_than_an_eighth_of_its_lists_gets_a_graph(small_auto, caplog):
+def test_a_mixed_corpus_where_ivf_needs_more_than_an_eighth_of_its_lists_gets_a_refined_scan(small_auto, caplog):
     vectors, queries = _mixed(np.random.default_rng(1))
     rows = np.arange(N, dtype=np.int64) * 3 + 7  # a shard's rows: not its positions
     with caplog.at_level("INFO", logger="index_build.dense_index"):
         index, info = dense_index.build_dense(vectors, "auto", queries=lambda: queries, rows=rows, probes="mixed")
     tried = info["ivf_tried"]
     assert tried["nprobe"] > tried["nlist"] // dense_index.MOST_PROBED
-    assert info["factory"] == "HNSW32" and info["choice"]["chosen"] == "HNSW32"
+    scan = f"PQ{DIM // 2}x4fs,RFlat"
+    assert info["factory"] == scan and info["choice"]["chosen"] == scan and "scan_tried" not in info
     why = info["choice"]["why"]
     assert f"nprobe {tried['nprobe']:,} of {tried['nlist']:,} lists" in why and "do not cluster" in why
-    assert why in caplog.text  # the build's log says it too
-    assert info["ef_search"] >= 128 and info["recall_at_100"] >= 0.95 and info["probes"] == "mixed"
-    assert dense_index._kind(index).hnsw.efSearch == info["ef_search"]  # written with the index
+    assert f"({scan}, k_factor {info['k_factor']})" in why and why in caplog.text  # the build's log says it too
+    assert info["recall_at_100"] >= 0.95 and info["probes"] == "mixed"
+    assert 1 <= info["k_factor"] <= dense_index.MOST_REFINED
+    assert dense_index._kind(index).k_factor == info["k_factor"]  # written with the index
     _, found = index.search(queries[:5], 3)
     assert np.isin(found, rows).all()  # by the rows given
+
+
+@pytest.mark.parametrize("short", ["size", "recall"])
+def test_a_mixed_corpus_past_a_scans_size_or_short_of_its_recall_gets_a_graph(small_auto, monkeypatch, short):
+    vectors, queries = _mixed(np.random.default_rng(1))
+    if short == "size":
+        monkeypatch.setattr(dense_index, "SCAN_UNTIL", N - 1)
+    else:
+        monkeypatch.setattr(dense_index, "MOST_REFINED", 1)  # no re-scoring past the top 100: short of 0.95
+    index, info = dense_index.build_dense(vectors, "auto", queries=lambda: queries, probes="mixed")
+    assert info["ivf_tried"]["nprobe"] > info["ivf_tried"]["nlist"] // dense_index.MOST_PROBED
+    assert info["factory"] == "HNSW32" and info["choice"]["chosen"] == "HNSW32"
+    why = info["choice"]["why"]
+    assert "do not cluster" in why and "so a graph (HNSW32: " in why
+    if short == "size":
+        assert f"{N:,} chunks, more than a scan's {N - 1:,}" in why and "scan_tried" not in info
+    else:
+        tried = info["scan_tried"]
+        assert tried["k_factor"] == 1 and tried["recall_at_100"] < 0.95
+        assert f"reaches only recall@100 {tried['recall_at_100']:.3f} at k_factor 1" in why
+    assert info["ef_search"] >= 128 and info["recall_at_100"] >= 0.95
+    assert dense_index._kind(index).hnsw.efSearch == info["ef_search"]  # written with the index
 
 
 def test_without_queries_the_probes_are_corpus_vectors_and_say_so(small_auto):

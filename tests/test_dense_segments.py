@@ -1,5 +1,5 @@
 """The dense index as a mapped base and the writes since it (engine/retrieval/segments.py), on
-real FAISS indexes, flat and inverted-file, written live through the engine's writer."""
+real FAISS indexes, flat, inverted-file and a refined scan, written live through the engine's writer."""
 
 from __future__ import annotations
 
@@ -33,16 +33,27 @@ def _mapped(path: Path) -> bool:
     return str(path.resolve()) in Path("/proc/self/maps").read_text()
 
 
-@pytest.fixture(params=["flat", "IVF4,Flat"])
-def dense_dir(request, index_dir, beir_dir, tmp_path) -> Path:
-    target = tmp_path / "dense"
-    if request.param == "flat":
-        shutil.copytree(index_dir, target)
-    else:
-        from index_build.builder import build_index
+@pytest.fixture(scope="module")
+def built(index_dir, beir_dir, tmp_path_factory):
+    """The tiny BEIR index with each dense index kind, built once for the module."""
+    from index_build.builder import build_index
 
-        settings = EngineSettings(index_dir=target, device="cpu", fusion="rrf")
-        build_index(settings, BuildSettings(data_dir=beir_dir, adapt="none", dense_index="IVF4,Flat"), progress=False)
+    made = {"flat": index_dir}
+
+    def build(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp("dense") / "index"
+            settings = EngineSettings(index_dir=made[kind], device="cpu", fusion="rrf")
+            build_index(settings, BuildSettings(data_dir=beir_dir, adapt="none", dense_index=kind), progress=False)
+        return made[kind]
+
+    return build
+
+
+@pytest.fixture(params=["flat", "IVF4,Flat", "scan"])
+def dense_dir(request, built, tmp_path) -> Path:
+    target = tmp_path / "dense"
+    shutil.copytree(built(request.param), target)
     return target
 
 
@@ -209,3 +220,32 @@ def test_a_kept_filters_rows_follow_the_writes(dense_dir):
             assert search(text, kept) == search(text, Within(rows=Rows(rows.ids.copy())))
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("dense_dir", ["scan"], indirect=True)
+def test_a_refined_scan_asks_for_more_when_removed_rows_crowd_its_top(dense_dir, monkeypatch):
+    """FAISS's fast-scan codes take no selector: removed rows are dropped from what the scan
+    returns, and when they fill what was asked, it asks again for twice as many."""
+    import numpy as np
+
+    from engine.retrieval import segments as module
+    from engine.retrieval.protocol import Rows
+    from engine.retrieval.segments import DenseSegments
+    from engine.store.index_dir import latest_dense
+
+    monkeypatch.setattr(module, "SCAN_DEPTH", 1)  # 100 in use: more than this index holds
+
+    segments = DenseSegments(latest_dense(dense_dir))
+    assert segments.refined
+    rows = np.sort(segments.row_ids())
+    vectors = segments.reconstruct(rows)
+    vector = vectors[:1].copy()
+    exact = rows[np.argsort(-(vectors @ vector[0]), kind="stable")]
+    segments.remove(exact[:3].tolist())  # the three nearest: a search for one asks for two, then four
+    _, found = segments.search(vector, 1)
+    assert found.tolist() == [exact[3]]
+    _, found = segments.search(vector, len(rows))
+    assert sorted(found.tolist()) == sorted(exact[3:].tolist())
+    allowed = exact[4::2]  # a filter's rows: searched by the scan (the engine's kind when a filter is wide)
+    _, found = segments.search(vector, 3, within=Rows(allowed), wider=2)
+    assert found.tolist() == allowed[:3].tolist()

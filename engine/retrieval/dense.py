@@ -2,8 +2,8 @@
 
 Embeddings are L2-normalised, so inner product is cosine similarity. ``flat`` is exact, an
 inverted file (IVF, the default from 200,000 chunks: index_build/dense_index.py) probes a few
-lists, ``hnsw`` a graph. What a server searches is a base and the writes since it
-(:mod:`engine.retrieval.segments`).
+lists, ``hnsw`` walks a graph, ``scan`` re-scores exactly the best of a scan of 4-bit codes. What a
+server searches is a base and the writes since it (:mod:`engine.retrieval.segments`).
 """
 
 from __future__ import annotations
@@ -69,17 +69,19 @@ class TorchFlatIndex:
 def place_index(index, device: str) -> tuple[object, str]:
     """Where searches without a filter run; returns the index and what searches it.
 
-    On CUDA: faiss-gpu when installed, else an exact flat index becomes a ``TorchFlatIndex``;
-    HNSW (which FAISS cannot run on a GPU) stays on CPU threads.
+    On CUDA: faiss-gpu when installed, else an exact flat index becomes a ``TorchFlatIndex``, and so
+    does a refined scan (its exact vectors: its codes are for a CPU's cache); HNSW (which FAISS cannot
+    run on a GPU) stays on CPU threads.
     """
     import faiss
 
     if device != "cuda" or not isinstance(index, faiss.IndexIDMap2):  # an IVF index keeps its own ids, on the CPU
         return index, "faiss-cpu"
     base = faiss.downcast_index(index.index)
-    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and not hasattr(base, "hnsw"):
+    scan = isinstance(base, faiss.IndexRefine)
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and not hasattr(base, "hnsw") and not scan:
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index), "faiss-gpu"
-    if isinstance(base, faiss.IndexFlat):
+    if isinstance(base, faiss.IndexFlat) or scan:
         ids = faiss.vector_to_array(index.id_map)
         return TorchFlatIndex(base.reconstruct_n(0, base.ntotal), ids, device), "torch-cuda"
     return index, "faiss-cpu"
@@ -146,12 +148,12 @@ class DenseRetriever:
 
     @property
     def accepts_deletes(self) -> bool:
-        """Exact (flat) and inverted-file (IVF) bases drop removed rows when merged, HNSW graphs are
-        built again without them (:func:`~engine.retrieval.segments.merged_base`); until then a
-        removed row is skipped by every kind."""
+        """Exact (flat) and inverted-file (IVF) bases drop removed rows when merged, HNSW graphs and
+        refined scans are built again without them (:func:`~engine.retrieval.segments.merged_base`);
+        until then a removed row is skipped by every kind."""
         import faiss
 
-        return isinstance(self.segments.kind, (faiss.IndexFlat, faiss.IndexIVF, faiss.IndexHNSW))
+        return isinstance(self.segments.kind, (faiss.IndexFlat, faiss.IndexIVF, faiss.IndexHNSW, faiss.IndexRefine))
 
     def encode_query(self, query: str) -> np.ndarray:
         """The query's (1, dim) embedding."""
@@ -173,13 +175,13 @@ class DenseRetriever:
             return self._score_within(vector, k, allowed_rows)
         else:  # an approximate index widens its search by the share of the index the filter leaves out
             wider = -(-segments.base.ntotal // len(allowed_rows))
-            scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows.selector(), wider=wider)
+            scores, rows = segments.search(vector, min(k, len(allowed_rows)), allowed_rows, wider=wider)
         found = rows >= 0
         return list(zip(self.units.names(rows[found]), scores[found].tolist(), strict=True))
 
     @property
     def _approximate(self) -> bool:
-        return self.segments.ivf is not None or hasattr(self.segments.kind, "hnsw")
+        return self.segments.ivf is not None or hasattr(self.segments.kind, "hnsw") or self.segments.refined
 
     def _score_within(self, vector: np.ndarray, k: int, allowed_rows: Rows) -> list[tuple[str, float]]:
         """An inverted file probes a few lists, and a filter's rows are mostly in others; a graph's

@@ -31,6 +31,7 @@ class Rows:
     def __init__(self, ids: np.ndarray) -> None:
         self.ids = np.asarray(ids, dtype=np.int64)
         self._selector = None
+        self._bitmap: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -39,10 +40,24 @@ class Rows:
         import faiss
 
         if self._selector is None:
+            bits = self._bits()  # kept as long as the selector, which points into it
+            self._selector = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
+        return self._selector
+
+    def holds(self, rows: np.ndarray) -> np.ndarray:
+        """A mask: which of ``rows`` are among these (the selector's bitmap, read in NumPy)."""
+        bits = self._bits()
+        rows = np.asarray(rows, dtype=np.int64)
+        inside = (rows >= 0) & (rows < len(bits) * 8)
+        at = np.where(inside, rows, 0)
+        return inside & ((bits[at >> 3] >> (at & 7)) & 1).astype(bool)
+
+    def _bits(self) -> np.ndarray:
+        if self._bitmap is None:
             bits = np.zeros(int(self.ids.max()) // 8 + 1 if len(self.ids) else 1, dtype=np.uint8)
             np.bitwise_or.at(bits, self.ids >> 3, np.left_shift(1, self.ids & 7).astype(np.uint8))
-            self._selector = (faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)), bits)  # it points into bits
-        return self._selector[0]
+            self._bitmap = bits
+        return self._bitmap
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The base is a checkpointed FAISS index, memory-mapped read-only, so every process serving one
 index shares its pages and none ever changes it. The writes since live beside it: added rows in a
-small exact delta, removed base rows as tombstones that searches skip through a FAISS selector.
+small exact delta, removed base rows as tombstones that searches skip through a FAISS selector (a
+refined scan's codes take none: it asks for more and drops them, :meth:`DenseSegments._scan`).
 A write therefore costs its own rows (before, a removal was FAISS's ``remove_ids``, a pass over
 every vector under the lock searches wait on), and a checkpoint writes the delta and the
 tombstones, bytes in proportion to the writes since the base, not the index. When they outgrow a
@@ -21,8 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.retrieval.protocol import Rows
 from engine.store.index_dir import DenseCheckpoint, IndexDirError, base_path, delta_path
 from engine.store.wal import fsync_dir
+
+# a refined scan re-scores at least its k_factor times this many: the depth the build tuned it at
+# (recall@100, index_build/dense_index.py)
+SCAN_DEPTH = 100
 
 
 def _mapped(path: Path) -> int:
@@ -73,7 +79,7 @@ class DenseSegments:
         self.delta = faiss.IndexIDMap2(faiss.IndexFlatIP(self.base.d))
         self.delta_rows: set[int] = set()
         self.removed: set[int] = set()
-        self._skip = None  # the selector that skips ``removed``, made once per change
+        self._skip = None  # the selector that skips ``removed`` and their sorted rows, made once per change
         if checkpoint.delta is not None:
             self._read_delta(checkpoint.delta)
 
@@ -98,27 +104,37 @@ class DenseSegments:
             return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, self.kind.hnsw.efSearch))
         return faiss.SearchParameters(sel=selector)
 
+    @property
+    def refined(self) -> bool:
+        """Whether the base re-scores a scan of its codes exactly (``--dense-index scan``)."""
+        import faiss
+
+        return isinstance(self.kind, faiss.IndexRefine)
+
     def skip_removed(self):
         """A selector of every base row not removed (None: none is)."""
         import faiss
 
         if self.removed and self._skip is None:
-            batch = faiss.IDSelectorBatch(np.fromiter(self.removed, dtype=np.int64, count=len(self.removed)))
-            self._skip = (faiss.IDSelectorNot(batch), batch)  # the Not holds a pointer: keep its target alive
+            gone = np.sort(np.fromiter(self.removed, dtype=np.int64, count=len(self.removed)))
+            batch = faiss.IDSelectorBatch(gone)
+            self._skip = (faiss.IDSelectorNot(batch), batch, gone)  # the Not holds a pointer: keep its target alive
         return self._skip[0] if self.removed else None
 
-    def search(self, vector: np.ndarray, k: int, selector=None, wider: int = 1, fast=None):
-        """Top ``k`` (scores, rows) over base and delta, best first; ``selector``: the rows allowed
+    def search(self, vector: np.ndarray, k: int, within: Rows | None = None, wider: int = 1, fast=None):
+        """Top ``k`` (scores, rows) over base and delta, best first; ``within``: the rows allowed
         (a filter's, all held by this view's store, so none removed), else every row not removed.
         ``wider``: an approximate base's breadth multiplied (a filter's rows are a share of it).
         ``fast``: what searches the base when nothing is removed and nothing filtered (the GPU)."""
-        if selector is None and not self.removed and fast is not None:
+        if within is None and not self.removed and fast is not None and fast is not self.base:
             scores, rows = fast.search(vector, min(k, self.base.ntotal)) if self.base.ntotal else _none()
         else:
-            sel = selector if selector is not None else self.skip_removed()
-            held = self.base.ntotal if selector is not None else self.base.ntotal - len(self.removed)
+            sel = within.selector() if within is not None else self.skip_removed()
+            held = self.base.ntotal if within is not None else self.base.ntotal - len(self.removed)
             if not held:
                 scores, rows = _none()
+            elif self.refined:
+                scores, rows = self._scan(vector, min(k, held), within, wider)
             elif sel is None:
                 scores, rows = self.base.search(vector, min(k, held))
             else:
@@ -127,11 +143,30 @@ class DenseSegments:
             return scores[0], rows[0]
         import faiss
 
-        params = faiss.SearchParameters(sel=selector) if selector is not None else None  # the delta is flat
+        params = faiss.SearchParameters(sel=within.selector()) if within is not None else None  # the delta is flat
         more_scores, more_rows = self.delta.search(vector, min(k, self.delta.ntotal), params=params)
         scores, rows = np.concatenate([scores[0], more_scores[0]]), np.concatenate([rows[0], more_rows[0]])
         order = np.argsort(-scores, kind="stable")[:k]
         return scores[order], rows[order]
+
+    def _scan(self, vector: np.ndarray, k: int, within: Rows | None, wider: int):
+        """A refined scan's top ``k`` of the rows ``within`` (default: those not removed). It asks for
+        at least :data:`SCAN_DEPTH` (the depth its ``k_factor`` was tuned at, so a shorter answer is the
+        longer one's start); FAISS's fast-scan codes take no selector, so it drops the rows not allowed
+        and asks for twice as many until ``k`` are kept or every row was asked for."""
+        asked = max(k, SCAN_DEPTH) * wider + (min(k, len(self.removed)) if within is None else 0)
+        gone = self._skip[2] if within is None and self.removed else None
+        while True:
+            asked = min(asked, self.base.ntotal)
+            scores, rows = self.base.search(vector, asked)
+            kept = rows[0] >= 0
+            if within is not None:
+                kept &= within.holds(rows[0])
+            elif gone is not None:
+                kept &= gone[np.searchsorted(gone, rows[0]).clip(max=len(gone) - 1)] != rows[0]
+            if kept.sum() >= k or asked == self.base.ntotal:
+                return scores[:, kept][:, :k], rows[:, kept][:, :k]
+            asked *= 2
 
     def reconstruct(self, rows: np.ndarray) -> np.ndarray:
         """The stored vectors of ``rows`` (each held by this view)."""
@@ -229,16 +264,18 @@ def merged_base(base: Path, removed: set[int], rows: np.ndarray, vectors: np.nda
     """The base at ``base`` read into memory (a private copy), ``removed`` dropped and the delta's
     ``rows`` added: FAISS's own removal and addition, so the result is the index a build would make
     of the same rows, trained as the base was. An HNSW graph cannot drop a node: it is built again
-    from the rows it keeps and the delta's (its M and efConstruction kept), as a build makes it."""
+    from the rows it keeps and the delta's (its M and efConstruction kept), as a build makes it, and so
+    is a refined scan, whose fast-scan codes FAISS cannot remove from (its codebooks kept)."""
     import faiss
 
     merged = read_base(base, mapped=False)
-    graph = isinstance(merged, faiss.IndexIDMap2) and hasattr(faiss.downcast_index(merged.index), "hnsw")
-    if graph and removed:
+    inner = faiss.downcast_index(merged.index) if isinstance(merged, faiss.IndexIDMap2) else None
+    rebuilt = hasattr(inner, "hnsw") or isinstance(inner, faiss.IndexRefine)
+    if rebuilt and removed:
         held = faiss.vector_to_array(merged.id_map)
         kept = held[~np.isin(held, np.fromiter(removed, dtype=np.int64, count=len(removed)))]
         old = merged.reconstruct_batch(kept) if len(kept) else np.zeros((0, merged.d), dtype=np.float32)
-        merged.reset()  # the graph and its vectors emptied; its parameters stay
+        merged.reset()  # the graph (or codes) and its vectors emptied; its parameters and training stay
         rows = np.concatenate([kept, np.asarray(rows, dtype=np.int64)])
         vectors = np.concatenate([old, np.asarray(vectors, dtype=np.float32).reshape(-1, merged.d)])
     elif removed:
