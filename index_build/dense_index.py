@@ -67,8 +67,8 @@ def resolve(kind: str, n: int, hnsw_m: int = 32, dimension: int = 384) -> str:
 
 
 def check_factory(kind: str, dimension: int, n: int) -> None:
-    """Refuse, before any work, an index FAISS cannot make (with FAISS's reason) or an inverted file
-    with more lists than ``n`` vectors to train them."""
+    """Refuse, before any work, an index FAISS cannot make (with FAISS's reason), an inverted file
+    with more lists than ``n`` vectors to train them, or product codes with more values than that."""
     import faiss
 
     factory = resolve(kind, n, dimension=dimension)
@@ -82,6 +82,13 @@ def check_factory(kind: str, dimension: int, n: int) -> None:
         raise ValueError(
             f"--dense-index {factory}: {n:,} chunks, fewer than its {ivf.nlist:,} lists; use auto or flat until the"
             " corpus is larger"
+        )
+    coded = faiss.downcast_index(index.base_index) if isinstance(index, faiss.IndexRefine) else index
+    codes = getattr(getattr(coded, "pq", None), "ksub", 0)  # a product quantizer trains this many codes a part
+    if n < codes:
+        raise ValueError(
+            f"--dense-index {factory}: {n:,} chunks, fewer than the {codes} codes each part of a vector is trained"
+            " to; use auto or flat until the corpus is larger"
         )
 
 

@@ -224,7 +224,11 @@ def test_the_dense_index_by_name_or_factory_string_takes_live_writes(beir_dir, t
 
 @pytest.mark.parametrize(
     ("kind", "message"),
-    [("IVFbanana", "not an index FAISS can make"), ("IVF64,Flat", "32 chunks, fewer than its 64 lists")],
+    [
+        ("IVFbanana", "not an index FAISS can make"),
+        ("IVF64,Flat", "32 chunks, fewer than its 64 lists"),
+        ("PQ48", "32 chunks, fewer than the 256 codes each part of a vector is trained to"),
+    ],
 )
 def test_a_dense_index_that_cannot_be_made_is_refused_before_any_work(beir_dir, tmp_path, kind, message):
     with pytest.raises(ValueError, match=message):
