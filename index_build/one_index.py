@@ -128,13 +128,13 @@ def build_one_index(
             _write_store(tmp / DOCS_FILE, docs, parts, tokenizer, progress, rows)
             work.mark("store")
         vectors = work.vectors() if chunks else np.zeros((0, dimension), dtype=np.float32)
-        documents, (probe_texts, probed) = len(docs), _probe_texts(corpus)
+        documents, (probe_texts, sought, probed) = len(docs), _probe_texts(corpus)
         if release:  # the texts are in the store now: the rest of the build reads the index
             release_corpus(corpus)
         probes = functools.partial(encode, encoder, probe_texts)
         probed = f"{probed}, encoded by {build.encoder}" + (" (the query encoder of --vectors)" if given else "")
         index, dense = build_dense(
-            vectors, build.dense_index, build.hnsw_m, progress, probes, rows, probed, settings.hnsw_ef_search
+            vectors, build.dense_index, build.hnsw_m, progress, probes, rows, probed, settings.hnsw_ef_search, sought
         )
         import faiss
 
@@ -186,24 +186,35 @@ def build_one_index(
     return manifest
 
 
-def _probe_texts(corpus: Corpus) -> tuple[list[str], str]:
-    """What an approximate index's recall is measured on, and its description for the manifest:
-    200 of the dataset's training queries (their texts only; never a held-out split's), or without
-    any, the opening words of 200 chunks, as a user's short question would read."""
+def _probe_texts(corpus: Corpus) -> tuple[list[str], list[np.ndarray], str]:
+    """What an approximate index's recall is measured on, each probe's own answers (the positions of
+    their chunks among the corpus's), and their description for the manifest: 200 of the dataset's
+    training queries (their texts only; never a held-out split's) seeking the documents judged
+    relevant to them, or without any, the opening words of 200 chunks, as a user's short question
+    would read, each seeking its own chunk."""
     rng = np.random.default_rng(0)
-    split = corpus.dataset.training_split() if corpus.dataset is not None else None
-    texts = list(corpus.dataset.split_queries(split).values()) if split is not None else []
-    if texts:
-        picked = rng.choice(len(texts), size=min(RECALL_QUERIES, len(texts)), replace=False)
-        return [texts[i] for i in picked], f"{len(picked)} of the dataset's {split} queries"
     counts = np.asarray(corpus.chunk_counts(), dtype=np.int64)
+    first = np.cumsum(counts) - counts  # each document's first chunk
+    split = corpus.dataset.training_split() if corpus.dataset is not None else None
+    queries = corpus.dataset.split_queries(split) if split is not None else {}
+    if queries:
+        picked = rng.choice(len(queries), size=min(RECALL_QUERIES, len(queries)), replace=False)
+        ids = list(queries)
+        at = {doc: i for i, doc in enumerate(corpus.record_ids())}
+        qrels = corpus.dataset.qrels(split)
+        sought = []
+        for i in picked:
+            documents = [at[doc] for doc, grade in qrels.get(ids[i], {}).items() if grade > 0 and doc in at]
+            sought.append(np.asarray([r for d in documents for r in range(first[d], first[d] + counts[d])], np.int64))
+        return [queries[ids[i]] for i in picked], sought, f"{len(picked)} of the dataset's {split} queries"
     total = int(counts.sum())
     picked = np.sort(rng.choice(total, size=min(RECALL_QUERIES, total), replace=False)) if total else []
     owner = np.searchsorted(np.cumsum(counts), picked, side="right")  # the document holding each picked row
-    first = np.cumsum(counts) - counts
     chunks = [corpus.documents[int(d)]["chunks"][int(row - first[d])] for d, row in zip(owner, picked, strict=True)]
-    return [" ".join(chunk_text(c["title"], c["content"]).split()[:12]) for c in chunks], (
-        f"the opening 12 words of {len(chunks)} chunks (the dataset has no training queries)"
+    return (
+        [" ".join(chunk_text(c["title"], c["content"]).split()[:12]) for c in chunks],
+        [np.asarray([row], np.int64) for row in picked],
+        f"the opening 12 words of {len(chunks)} chunks (the dataset has no training queries)",
     )
 
 

@@ -25,12 +25,13 @@ class BuildSettings(BaseModel):
     )
     dense_index: str = Field(
         "auto",
-        description="the dense index: auto = exact below 200,000 chunks, ivf above (a scan, or a graph past 500,000"
-        " chunks, where the vectors do not cluster); flat = exact inner product; ivf = an inverted file of 8-bit"
+        description="the dense index: auto = exact below 200,000 chunks, ivf above (a scan, or a graph past 1,500,000"
+        " chunks, where ivf would probe more than an eighth of its lists to find the probes' neighbours and their"
+        " judged documents); flat = exact inner product; ivf = an inverted file of 8-bit"
         " codes, its lists from the size; hnsw = a graph; scan = every chunk's 4-bit codes scanned and the best"
         " re-scored exactly; or a FAISS index_factory string (IVF4096,PQ48). An approximate index's breadth is"
-        " tuned at build to recall@100 0.95 against exact on the dataset's training queries (the manifest keeps"
-        " it and why it was chosen)",
+        " tuned at build to recall@100 0.95 against exact on the dataset's training queries, of all neighbours"
+        " and of their judged documents (the manifest keeps it and why it was chosen)",
     )
     index_name: MaybeStr = Field(
         None, description="the index's name, as MCP's tools and the A2A card show it (default: the data folder's)"

@@ -84,7 +84,9 @@ def test_a_mixed_corpus_where_ivf_needs_more_than_an_eighth_of_its_lists_gets_a_
     scan = f"PQ{DIM // 2}x4fs,RFlat"
     assert info["factory"] == scan and info["choice"]["chosen"] == scan and "scan_tried" not in info
     why = info["choice"]["why"]
-    assert f"nprobe {tried['nprobe']:,} of {tried['nlist']:,} lists" in why and "do not cluster" in why
+    assert (
+        f"nprobe {tried['nprobe']:,} of {tried['nlist']:,} lists" in why and "do not hold the probes' neighbours" in why
+    )
     assert f"({scan}, k_factor {info['k_factor']})" in why and why in caplog.text  # the build's log says it too
     assert info["recall_at_100"] >= 0.95 and info["probes"] == "mixed"
     assert 1 <= info["k_factor"] <= dense_index.MOST_REFINED
@@ -104,7 +106,7 @@ def test_a_mixed_corpus_past_a_scans_size_or_short_of_its_recall_gets_a_graph(sm
     assert info["ivf_tried"]["nprobe"] > info["ivf_tried"]["nlist"] // dense_index.MOST_PROBED
     assert info["factory"] == "HNSW32" and info["choice"]["chosen"] == "HNSW32"
     why = info["choice"]["why"]
-    assert "do not cluster" in why and "so a graph (HNSW32: " in why
+    assert "do not hold the probes' neighbours" in why and "so a graph (HNSW32: " in why
     if short == "size":
         assert f"{N:,} chunks, more than a scan's {N - 1:,}" in why and "scan_tried" not in info
     else:
@@ -113,6 +115,30 @@ def test_a_mixed_corpus_past_a_scans_size_or_short_of_its_recall_gets_a_graph(sm
         assert f"reaches only recall@100 {tried['recall_at_100']:.3f} at k_factor 1" in why
     assert info["ef_search"] >= 128 and info["recall_at_100"] >= 0.95
     assert dense_index._kind(index).hnsw.efSearch == info["ef_search"]  # written with the index
+
+
+def _crowded(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Copies crowding a few texts (tight clusters, as the million distractors crowd 514 abstracts)
+    and 100 originals alone between them; each probe a query near an original, which it seeks (a
+    training query's judged document)."""
+    copies, _ = _clustered(rng, N)
+    originals = _unit(rng.normal(size=(100, DIM)))
+    queries = _unit(originals + rng.normal(0, 0.3, originals.shape))
+    return np.vstack([copies, originals]), queries, [np.array([N + i]) for i in range(100)]
+
+
+def test_ivf_that_misses_the_answers_sought_is_left_though_its_recall_over_all_neighbours_is_met(small_auto):
+    vectors, queries, sought = _crowded(np.random.default_rng(3))
+    _, blind = dense_index.build_dense(vectors, "auto", queries=lambda: queries)
+    assert blind["factory"].startswith("IVF") and blind["nprobe"] <= blind["nlist"] // dense_index.MOST_PROBED
+    index, info = dense_index.build_dense(vectors, "auto", queries=lambda: queries, sought=sought)
+    tried = info["ivf_tried"]
+    assert tried["recall_at_100"] >= 0.95 and tried["nprobe"] > tried["nlist"] // dense_index.MOST_PROBED
+    assert tried["nprobe"] > blind["nprobe"] and tried["sought"] > 50  # the originals exact search finds
+    assert f"({tried['sought_recall_at_100']:.3f} of the answers sought)" in info["choice"]["why"]
+    assert info["factory"] == f"PQ{DIM // 2}x4fs,RFlat" and info["sought_recall_at_100"] >= 0.95
+    _, found = index.search(queries, 100)
+    assert np.mean([N + i in row for i, row in enumerate(found.tolist())]) >= 0.5  # the originals, found
 
 
 def test_without_queries_the_probes_are_corpus_vectors_and_say_so(small_auto):
@@ -140,6 +166,7 @@ def test_an_hnsw_build_probes_with_training_queries_and_takes_live_writes_rebuil
     build_index(settings, BuildSettings(data_dir=beir_dir, adapt="none", dense_index="hnsw"), progress=False)
     dense = read_manifest(target).settings["dense"]
     assert dense["factory"] == "HNSW32" and dense["recall_at_32"] == 1.0  # 32 chunks: the graph finds them all
+    assert dense["sought_recall_at_32"] == 1.0 and dense["sought"] > 0  # the train queries' judged chunks
     assert dense["probes"].startswith(f"{dense['recall_queries']} of the dataset's train")  # never dev's or test's
     assert "encoded by" in dense["probes"] and dense["choice"]["why"] == "--dense-index hnsw"
     writer = _engine(target, writable=True)  # before, refused: "cannot drop vectors"
@@ -193,3 +220,18 @@ def test_a_server_searches_an_hnsw_graph_as_wide_as_its_build_tuned_or_wider_if_
             assert engine.dense.segments.kind.hnsw.efSearch == searched
         finally:
             engine.close()
+
+
+def test_without_training_queries_each_text_probe_seeks_its_own_chunk(tmp_path):
+    from index_build.corpus import Corpus
+    from index_build.one_index import _probe_texts
+
+    documents = [
+        {"document_id": f"d{d}", "chunks": [{"title": f"t{d}", "content": f"d{d} c{c} " + "w " * 20} for c in range(3)]}
+        for d in range(100)
+    ]
+    texts, sought, probed = _probe_texts(Corpus(tmp_path, documents, "fingerprint"))
+    assert len(texts) == len(sought) == 200 and "opening 12 words of 200 chunks" in probed
+    for text, rows in zip(texts, sought, strict=True):
+        (row,) = rows.tolist()  # chunks in order: document row // 3, its chunk row % 3
+        assert text.startswith(f"t{row // 3} d{row // 3} c{row % 3} ")
