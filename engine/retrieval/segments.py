@@ -76,6 +76,8 @@ class DenseSegments:
                 )
             self.kind = self.ivf if self.ivf is not None else faiss.downcast_index(self.base.index)
             self.held = np.sort(self._base_rows())  # the base's rows: what a removal may mark
+        # whether the base re-scores a scan of its codes exactly (``--dense-index scan``): known once a base
+        self.refined = isinstance(self.kind, faiss.IndexRefine)
         self.delta = faiss.IndexIDMap2(faiss.IndexFlatIP(self.base.d))
         self.delta_rows: set[int] = set()
         self.removed: set[int] = set()
@@ -103,13 +105,6 @@ class DenseSegments:
             ef = min(max(self.base.ntotal, 1), self.kind.hnsw.efSearch * wider)
             return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, self.kind.hnsw.efSearch))
         return faiss.SearchParameters(sel=selector)
-
-    @property
-    def refined(self) -> bool:
-        """Whether the base re-scores a scan of its codes exactly (``--dense-index scan``)."""
-        import faiss
-
-        return isinstance(self.kind, faiss.IndexRefine)
 
     def skip_removed(self):
         """A selector of every base row not removed (None: none is)."""
