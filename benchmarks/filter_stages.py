@@ -45,14 +45,14 @@ def main() -> None:
     parser.add_argument("--filter", type=named_filter, action="append", required=True, help="NAME=FILTERS_JSON")
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument(
-        "--filter-threads", type=int, default=EngineSettings().filter_threads, help="the setting (0: passes in turn)"
+        "--spare-threads", type=int, default=EngineSettings().spare_threads, help="the setting (0: passes in turn)"
     )
     parser.add_argument(
         "--clients", type=int, default=0, help="also each case's queries/s with this many threads searching at once"
     )
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    engine = HybridEngine(EngineSettings(index_dir=args.index_dir, rerank=False, filter_threads=args.filter_threads))
+    engine = HybridEngine(EngineSettings(index_dir=args.index_dir, rerank=False, spare_threads=args.spare_threads))
     engine.warm_up(engine.settings.warmup_searches)
     queries = list(load_dataset(args.data).split_queries("dev").values())[: args.queries]
     for query in queries[:20]:

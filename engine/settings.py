@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 CUDA_RERANK_DEPTH = 100
@@ -113,11 +113,13 @@ class EngineSettings(BaseModel):
     max_request_rerank_depth: int | None = Field(
         None, ge=1, description="deepest a request may set the rerank depth (default: the request's own limit, 200)"
     )
-    filter_threads: int = Field(
+    spare_threads: int = Field(
         1,
         ge=0,
-        description="spare threads that search within a narrow filter beside its unfiltered pass, while one is"
-        " idle (0: the two passes one after the other)",
+        validation_alias=AliasChoices("spare_threads", "filter_threads"),  # its name until 2026-11-29
+        description="spare threads a query's work runs on beside it while one is idle (the dense search beside"
+        " BM25 and the memory; a narrow filter's second pass beside its first); busy, the query runs it itself"
+        " (0: always in turn)",
     )
     page_pins: int = Field(
         256, ge=1, description="rankings pinned at once for their next pages (a request's paginate), the oldest dropped"

@@ -8,7 +8,7 @@ training pay nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import context, trace
@@ -47,20 +47,19 @@ def search_span(door: str, query: str, top_k: int, filtered: bool) -> Iterator[t
 
 
 def record_stages(
-    started: float, seconds: Mapping[str, float], top_k: int, found: Mapping[str, tuple[int | None, int | None]]
+    spans: Mapping[str, Sequence[int]], top_k: int, found: Mapping[str, tuple[int | None, int | None]]
 ) -> None:
-    """One child span of the current span per stage timed in ``seconds`` (the query's stopwatch laps,
-    in the order they ran, laid end to end from ``started``, a perf_counter reading), made after the
-    fact in one call. ``found``: per stage, (candidates asked for, candidates returned); a rerank
-    stage that returned None failed (the fused order served). Nothing when no span records."""
+    """One child span of the current span per stage in ``spans`` (the query's stopwatch: each stage's
+    start and time, perf_counter nanoseconds), made after the fact in one call. ``found``: per stage,
+    (candidates asked for, candidates returned); a rerank stage that returned None failed (the fused
+    order served). Nothing when no span records."""
     if not trace.get_current_span().is_recording():
         return
     door = context.get_value(DOOR)
-    at = time.time_ns() - time.perf_counter_ns() + int(started * 1e9)
-    for stage, spent in seconds.items():
-        if stage == "total":
-            continue
-        end = at + int(spent * 1e9)
+    epoch = time.time_ns() - time.perf_counter_ns()
+    for stage, (start, spent) in spans.items():
+        at = epoch + start
+        end = at + spent
         depth, count = found.get(stage, (None, None))
         attributes = {"search.stage": stage, "search.top_k": top_k}
         if door is not None:
@@ -74,7 +73,6 @@ def record_stages(
             span.set_attribute("error.type", "reranker_failed")
             span.set_status(Status(StatusCode.ERROR, "the reranker failed; the fused order served"))
         span.end(end_time=end)
-        at = end
 
 
 def current_trace_id() -> str | None:

@@ -27,16 +27,19 @@ from offline.progress import track
 MAX_WORKERS = 8  # a JVM each: memory, not cores, is what more would run out of
 
 
-def index_documents(path: Path, docs: Sequence[dict], progress: bool = False) -> int:
+def index_documents(path: Path, docs: Sequence[dict], progress: bool = False, whole: bool = False) -> int:
     """A new Lucene index of ``docs`` at ``path``: each chunk under its document (live writes replace
     a document's chunks by its id), title and text in one ``contents`` field (BEIR "flat"), and its
-    document's filter fields as terms."""
+    document's filter fields as terms. ``whole``: the build's whole index, merged into one segment
+    (a part's are merged once all are added)."""
     index = LuceneIndex(path, writable=True, create=True)
     try:
         for doc in track(docs, "BM25 index", "doc", enabled=progress):
             chunks = doc["chunks"]
             units = [(unit_id(doc["document_id"], c["chunk_id"]), chunk_text(c["title"], c["content"])) for c in chunks]
             index.add(doc["document_id"], units, doc.get("metadata"))
+        if whole:
+            index.merge_into_one()
         index.commit(0)
     finally:
         index.close()
@@ -50,7 +53,7 @@ def build_bm25(
     one a core, at most ``MAX_WORKERS``) and kept in ``work`` until every one is."""
     parts = [part for part in parts if part.rows]
     if len(parts) <= 1:
-        index_documents(path, docs, progress)
+        index_documents(path, docs, progress, whole=True)
         return
     folder = work.path / "bm25-parts"
     todo = [part for part in parts if not work.done(_phase(part))]

@@ -179,6 +179,7 @@ def test_bm25_in_parts_on_two_processes_scores_as_one_writer_and_resumes_by_part
         assert 2 <= len(first) <= 5  # parts finished before the crash are kept...
         build_bm25(tmp_path / "parts", docs, parts, work, 2, False)
         assert work.state["done"][: len(first)] == first and len(work.state["done"]) == 8  # ...and not redone
+    assert len(list((tmp_path / "parts").glob("*.si"))) == 1  # the parts' segments merged into one
     one, merged = LuceneIndex(tmp_path / "one"), LuceneIndex(tmp_path / "parts")
     try:
         assert merged.documents == one.documents == sum(corpus.chunk_counts())

@@ -80,6 +80,28 @@ def test_search_gives_exactly_top_k_unique_ids_deterministically(engine):
         engine.search("   ", 5)
 
 
+def test_the_dense_search_beside_bm25_answers_as_in_turn(engine):
+    """A lone query's dense search runs on a spare thread while BM25 and the memory run; every
+    retriever's hits and the fused ranking are those in turn."""
+    from engine.search.spare import SpareThreads
+
+    queries = ("caffeine and the liver", "markersoy1 isoflavones", "cancer risk", "soy and men")
+    kept = engine.spare
+    try:
+        engine.spare = SpareThreads(1)  # its thread starts with the first call it takes
+        beside = {q: engine.stages(q, 10) for q in queries}
+        assert engine.spare._pool._threads  # it took the dense searches
+        engine.spare.close()
+        engine.spare = SpareThreads(0)
+        in_turn = {q: engine.stages(q, 10) for q in queries}
+    finally:
+        engine.spare = kept
+    for q in queries:
+        assert beside[q].retrieved == in_turn[q].retrieved and beside[q].fused == in_turn[q].fused
+        assert list(beside[q].retrieved) == ["bm25", "dense", "memory"]  # in the order fusion reads them
+        assert list(beside[q].seconds) == list(in_turn[q].seconds)  # the stages in the order a query runs them
+
+
 def test_reranker_order_is_respected(index_dir, reranker_dir):
     settings = EngineSettings(
         index_dir=index_dir, device="cpu", reranker=reranker_dir, rerank_depth=6, rerank_blend=1.0

@@ -247,5 +247,12 @@ def test_spare_threads_take_a_call_only_while_one_is_idle() -> None:
         again = spare.start(lambda: 2)
         assert again is not None and again.result(timeout=10) == 2
         assert SpareThreads(0).start(lambda: 3) is None
+        with spare.query():  # one query in progress: work that pays only on an idle core goes too
+            alone = spare.start(lambda: 4, alone=True)
+            assert alone is not None and alone.result(timeout=10) == 4
+            with spare.query():  # two: the cores are busy, the query runs it itself
+                assert spare.start(lambda: 5, alone=True) is None
+                shared = spare.start(lambda: 6)
+                assert shared is not None and shared.result(timeout=10) == 6
     finally:
         spare.close()

@@ -429,17 +429,22 @@ class LuceneIndex:
 
     def absorb(self, paths: Sequence[Path]) -> None:
         """Add the whole indexes at ``paths`` (a build's parts): their segments copied, then merged
-        as Lucene's merge policy merges a writer's own, waited for (a rollback at ``close`` would
-        abort them, leaving a segment or more a part, each searched on its own)."""
+        into one (:meth:`merge_into_one`)."""
         j = self.j
         directories = [j.FSDirectory.open(j.Paths.get(str(Path(p).resolve()))) for p in paths]
         try:
             self._writer.addIndexes(*directories)
-            self._writer.maybeMerge()
-            self._writer.waitForMerges()
         finally:
             for directory in directories:
                 directory.close()
+        self.merge_into_one()
+
+    def merge_into_one(self) -> None:
+        """Merge a build's segments into one, waited for (a rollback at ``close`` would abort it):
+        a query then reads each term's postings once, not once a segment, as pyserini's indexer does
+        with ``-optimize``. Live writes add segments after it, which Lucene's merge policy merges as
+        they come. Figures: docs/experiments.md, "2026-11-29 · BM25 in one segment"."""
+        self._writer.forceMerge(1)
 
     def delete(self, document_id: str) -> None:
         self._writer.updateDocuments(self.j.Term("document_id", document_id), self.j.ArrayList())  # replace by nothing

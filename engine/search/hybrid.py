@@ -91,7 +91,7 @@ class HybridEngine:
         self.stage_observers: list[Callable[[Mapping[str, float]], None]] = []
         pins = remotes.pins or PinFile(settings.page_pins, settings.page_pin_seconds, settings.page_pins_file)
         self.pins = Pins(pins, settings.page_pin_seconds)  # rankings, for pages
-        self.spare = SpareThreads(settings.filter_threads)  # a narrow filter's second pass, beside its first
+        self.spare = SpareThreads(settings.spare_threads)  # a query's work beside it: spare.py
         self.sentences = SentenceVectors()  # each highlighted chunk's sentence vectors, kept
 
     # the stores, as the view holds them now (a follower, or the writer after a merge, swaps its dense)

@@ -1,12 +1,14 @@
 """A query's work run beside it on a spare thread, only while one is idle: with one query at a
-time, the core it leaves idle takes that work; under load, when every spare thread is busy, the
-query does it itself, so no work is added and nothing queues behind the spare threads."""
+time, the core it leaves idle takes that work; under load, when every spare thread is busy (or,
+for work that only pays on an idle core, when other queries are in progress), the query does it
+itself, so no work is added and nothing queues behind the spare threads."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -18,10 +20,25 @@ class SpareThreads:
     def __init__(self, threads: int) -> None:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="spare") if threads else None
         self._idle = threading.BoundedSemaphore(max(threads, 1))
+        self._queries = 0  # queries of this process in progress (:meth:`query`)
+        self._counting = threading.Lock()
 
-    def start(self, call: Callable[[], T]) -> Future[T] | None:
-        """``call`` running on an idle spare thread, or None: none is idle, the caller runs it."""
-        if self._pool is None or not self._idle.acquire(blocking=False):
+    @contextmanager
+    def query(self) -> Iterator[None]:
+        """A query in progress, counted for :meth:`start`'s ``alone``."""
+        with self._counting:
+            self._queries += 1
+        try:
+            yield
+        finally:
+            with self._counting:
+                self._queries -= 1
+
+    def start(self, call: Callable[[], T], alone: bool = False) -> Future[T] | None:
+        """``call`` running on an idle spare thread, or None: none is idle (or, ``alone``, another
+        query is in progress: the cores are not idle, and the hand-over would be work added), the
+        caller runs it."""
+        if self._pool is None or (alone and self._queries > 1) or not self._idle.acquire(blocking=False):
             return None
 
         def run() -> T:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import wait
 from contextlib import contextmanager
@@ -70,7 +71,8 @@ def run_stages(
     the shards a sharded index's search went without (:mod:`engine.shards.fanout`)."""
     token = track_missing()
     try:
-        result = _run_stages(engine, query, top_k, exclude, filters, options)
+        with engine.spare.query():
+            result = _run_stages(engine, query, top_k, exclude, filters, options)
     finally:
         missing = missing_shards(token)
     result.missing_shards = missing
@@ -135,9 +137,12 @@ def _run_stages(
         "fusion": (None, len(fused)),
         "rerank": (depth, None if reranked is None else len(reranked)),
     }
-    telemetry.record_stages(watch.started, seconds, top_k, asked_found)
+    telemetry.record_stages(watch.spans, top_k, asked_found)
     plan = Plan(query, depths, weights, rrf_k, method, s.rerank_blend)
     return StageResult(found, rrf, fused, reranked, seconds, rerank_scores, vector, chunks, fusion, cosines, plan=plan)
+
+
+BESIDE = "dense"  # the retriever a query's pass may run beside the others (:meth:`_Passes._beside`)
 
 
 class _Passes:
@@ -170,10 +175,22 @@ class _Passes:
         ``watch``, by default the query's)."""
         watch = watch or self.watch
         found = {}
-        for name, retriever in self.retrievers.items():  # in the stopwatch's order
-            with _retriever(name):
-                found[name] = [] if retriever is None else retriever.retrieve(self.asked, self.depths[name], within)
-            watch.lap(name)
+        beside = self._beside(within)
+        try:
+            for name, retriever in self.retrievers.items():  # in the stopwatch's order
+                if beside is not None and name == BESIDE:
+                    continue
+                with _retriever(name):
+                    found[name] = [] if retriever is None else retriever.retrieve(self.asked, self.depths[name], within)
+                watch.lap(name)
+        finally:
+            if beside is not None:  # it reads the view this search's lock holds: never left running past it
+                wait([beside])
+        if beside is not None:
+            with _retriever(BESIDE):
+                found[BESIDE], start, end = beside.result()
+            watch.beside(BESIDE, start, end)
+            found = {name: found[name] for name in self.retrievers}  # fusion reads them in this order
         rrf = self.rrf(found)
         if self.method == "learned":
             fused = self.fusion.rank(self.asked.text, found, rrf)
@@ -183,6 +200,21 @@ class _Passes:
             fused = rrf
         watch.lap("fusion")
         return found, rrf, fused
+
+    def _beside(self, within: Within):
+        """The dense retriever started on a spare thread while this is the process's only query
+        (None: it runs in turn). FAISS lets go of the GIL for the whole search, so on the core the
+        query leaves idle it costs nothing while BM25 and the memory run; with other queries in
+        progress the cores are busy, and the hand-over would only add work."""
+        retriever = self.retrievers.get(BESIDE)
+        if retriever is None or len(self.retrievers) < 2:
+            return None
+
+        def timed():
+            started = time.perf_counter_ns()
+            return retriever.retrieve(self.asked, self.depths[BESIDE], within), started, time.perf_counter_ns()
+
+        return self.engine.spare.start(timed, alone=True)
 
     def narrow(self, within: Within, need: int) -> bool:
         """Whether a filter is too narrow for the unfiltered pass to hold ``need`` of its chunks:
