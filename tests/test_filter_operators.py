@@ -234,6 +234,7 @@ def test_a_filter_leaves_chunks_out_of_the_ranking_and_never_reorders_it(index_d
 def test_spare_threads_take_a_call_only_while_one_is_idle() -> None:
     """A narrow filter's second pass goes to a spare thread only while one is idle; busy, the query
     runs it itself (no queue behind the spare threads)."""
+    import contextvars
     import threading
 
     from engine.search.spare import SpareThreads
@@ -247,8 +248,10 @@ def test_spare_threads_take_a_call_only_while_one_is_idle() -> None:
         again = spare.start(lambda: 2)
         assert again is not None and again.result(timeout=10) == 2
         assert SpareThreads(0).start(lambda: 3) is None
+        asked = contextvars.ContextVar("asked")
+        asked.set(4)  # the caller's context reaches the spare thread (a trace, the shards missing)
         with spare.query():  # one query in progress: work that pays only on an idle core goes too
-            alone = spare.start(lambda: 4, alone=True)
+            alone = spare.start(asked.get, alone=True)
             assert alone is not None and alone.result(timeout=10) == 4
             with spare.query():  # two: the cores are busy, the query runs it itself
                 assert spare.start(lambda: 5, alone=True) is None

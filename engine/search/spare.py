@@ -5,6 +5,7 @@ itself, so no work is added and nothing queues behind the spare threads."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,15 +36,18 @@ class SpareThreads:
                 self._queries -= 1
 
     def start(self, call: Callable[[], T], alone: bool = False) -> Future[T] | None:
-        """``call`` running on an idle spare thread, or None: none is idle (or, ``alone``, another
+        """``call`` running on an idle spare thread in the caller's context (its trace, the shards it
+        notes as missing: :mod:`engine.shards.fanout`), or None: none is idle (or, ``alone``, another
         query is in progress: the cores are not idle, and the hand-over would be work added), the
         caller runs it."""
         if self._pool is None or (alone and self._queries > 1) or not self._idle.acquire(blocking=False):
             return None
 
+        context = contextvars.copy_context()
+
         def run() -> T:
             try:
-                return call()
+                return context.run(call)
             finally:
                 self._idle.release()  # before its answer is set: a caller it answered finds it idle
 
