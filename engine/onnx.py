@@ -53,6 +53,9 @@ TRACE_KEY = "hybrid_search_trace"
 # requests in flight each caller's thread already fills a core, so a pool would put more threads than
 # cores to work.
 QUERY_THREADS = 1
+# How close to the model a checked fp32 trace must have embedded the probe for documents to be
+# embedded by it (an fp32 trace gives 1.0 to float noise; the query encoder's own bar is looser)
+DOCUMENT_COSINE = 0.99999
 
 
 def onnx_path(source: str, file: str = ONNX_FILE) -> Path:
@@ -220,20 +223,11 @@ class OnnxQueryEncoder:
 
     @classmethod
     def checked(cls, source: str, device: str, int8: bool = False) -> OnnxQueryEncoder | None:
-        """The encoder of ``source``'s trace as an earlier load checked it, or None: no check
-        recorded for the file as it is now (made again since, or never checked; an int8 copy, also
-        for the trace it was made from), or a trace that is not current (:func:`current`)."""
-        trace = onnx_path(source, ENCODER_FILE)
-        if not current(trace, source):
+        """The encoder of ``source``'s trace as an earlier load checked it, or None (:func:`checked_trace`)."""
+        found = checked_trace(source, int8)
+        if found is None:
             return None
-        path = trace.with_name(ENCODER_INT8_FILE) if int8 else trace
-        try:
-            record = json.loads(_check_file(path).read_text())
-            checked_as = (record.get("file"), record.get("trace"))
-            if checked_as != (_made(path), _made(trace)):  # an int8 copy of an earlier trace: made again
-                return None
-        except (OSError, ValueError):
-            return None
+        path, record = found
         return cls(path, record["tokenizer"], int(record["max_length"]), device, int8)
 
     def record_check(self, cosine: float) -> None:
@@ -253,6 +247,65 @@ class OnnxQueryEncoder:
         e = self.tokenizer.encode(text)
         columns = {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
         return self.session.run(None, {name: np.asarray([columns[name]], dtype=np.int64) for name in self.inputs})[0]
+
+
+def checked_trace(source: str, int8: bool = False) -> tuple[Path, dict] | None:
+    """``source``'s trace (its int8 copy) and the check an earlier load recorded beside it, or None:
+    no check recorded for the file as it is now (made again since, or never checked; an int8 copy,
+    also for the trace it was made from), or a trace that is not current (:func:`current`)."""
+    trace = onnx_path(source, ENCODER_FILE)
+    if not current(trace, source):
+        return None
+    path = trace.with_name(ENCODER_INT8_FILE) if int8 else trace
+    try:
+        record = json.loads(_check_file(path).read_text())
+        checked_as = (record.get("file"), record.get("trace"))
+        if checked_as != (_made(path), _made(trace)):  # an int8 copy of an earlier trace: made again
+            return None
+    except (OSError, ValueError):
+        return None
+    return path, record
+
+
+class OnnxDocumentEncoder:
+    """Batches of texts embedded as ``SentenceTransformer.encode(..., normalize_embeddings=True)``
+    embeds them, by the query encoder's fp32 trace once a load has checked it against the model to
+    ``DOCUMENT_COSINE``: a writer on a CPU then opens without importing sentence-transformers (most
+    of its start), and its vectors differ from torch's by float noise, as a batch's padding already
+    makes torch's own differ. Each batch is padded to its longest text and run on ONNX Runtime's
+    default pool (a batch, unlike a query, fills the cores)."""
+
+    def __init__(self, path: Path, tokenizer: str, max_length: int, device: str) -> None:
+        from tokenizers import Tokenizer
+
+        self.spec = tokenizer
+        self.tokenizer = Tokenizer.from_str(tokenizer)
+        padding = json.loads(tokenizer).get("padding") or {}
+        self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0), pad_token=padding.get("pad_token", "[PAD]"))
+        self.tokenizer.enable_truncation(max_length)
+        self.session = open_session(path, device, 0)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.dimension = int(self.session.get_outputs()[0].shape[-1])
+
+    @classmethod
+    def checked(cls, source: str, device: str) -> OnnxDocumentEncoder | None:
+        """The encoder of ``source``'s fp32 trace, or None: none checked (:func:`checked_trace`), or
+        checked further from the model than ``DOCUMENT_COSINE``."""
+        found = checked_trace(source)
+        if found is None or float(found[1].get("probe_cosine", 0)) < DOCUMENT_COSINE:
+            return None
+        path, record = found
+        return cls(path, record["tokenizer"], int(record["max_length"]), device)
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        """The (n, dim) float32 embeddings of ``texts``, ``batch_size`` at a time in the given order."""
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            encoded = self.tokenizer.encode_batch(texts[start : start + batch_size])
+            columns = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+            feed = {n: np.asarray([getattr(e, columns[n]) for e in encoded], dtype=np.int64) for n in self.inputs}
+            out[start : start + len(encoded)] = self.session.run(None, feed)[0]
+        return out
 
 
 def _check_file(trace: Path) -> Path:

@@ -203,3 +203,35 @@ def test_a_reader_searches_without_loading_the_document_encoder(index_dir, minil
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_a_writer_embeds_documents_from_the_checked_trace_as_the_model_does(index_dir, minilm, minilm_path, tmp_path):
+    """A writer on a CPU, once a load has checked the trace, embeds what it is sent without
+    importing sentence-transformers (nor torch): the document written is found, and the vectors of
+    texts of every length (one past the model's 256 tokens), batched with padding, are the model's
+    to float noise."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from engine.retrieval.encoder import encode, load_query_encoder
+    from offline.server_process import ROOT
+
+    load_query_encoder(minilm, minilm_path, "cpu")
+    index = shutil.copytree(index_dir, tmp_path / "index")
+    code = (
+        "import json, sys; from engine.search import HybridEngine; from engine.settings import EngineSettings;"
+        " from engine.retrieval.encoder import encode; from engine.documents import DocumentIn;"
+        f" engine = HybridEngine(EngineSettings(index_dir={str(index)!r}, device='cpu', rerank=False), writable=True);"
+        " chunks = [{'chunk_id': 'c', 'content': 'quokka marsupial diet'}];"
+        " engine.live.upsert(DocumentIn(document_id='q1', chunks=chunks), wait=True);"
+        " found = [h.document_id for h in engine.search('quokka marsupial diet', 1)];"
+        f" vectors = encode(engine.dense.encoder, {QUERIES!r}, 3).tolist();"
+        " print(json.dumps([found, vectors, [m for m in ('sentence_transformers', 'torch') if m in sys.modules]]))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found, vectors, imported = json.loads(run.stdout.splitlines()[-1])
+    assert found == ["q1"] and imported == []
+    assert np.abs(np.asarray(vectors) - encode(minilm, QUERIES, 3)).max() < 1e-5

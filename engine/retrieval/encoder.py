@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.onnx import OnnxQueryEncoder
+from engine.onnx import OnnxDocumentEncoder, OnnxQueryEncoder
 from engine.settings import DEFAULT_ENCODER
 
 log = logging.getLogger(__name__)
@@ -62,16 +62,27 @@ def load_encoder(name: str, device: str):
 
 
 class DocumentEncoder:
-    """The encoder of documents (:func:`load_encoder`), loaded by :meth:`load` or at its first use.
-    A process that takes no writes embeds no document (a follower's writes go to its writer, a
-    reader takes none): its queries go to the query encoder, whose checked trace opens without the
-    model (:func:`load_query_encoder`), so it never imports sentence-transformers, which was most of
-    the start of every worker and Ray search replica. A writer loads it as it opens."""
+    """The encoder of documents, made ready by :meth:`prepare` or at its first use. A process that
+    takes no writes embeds no document (a follower's writes go to its writer, a reader takes none):
+    its queries go to the query encoder, whose checked trace opens without the model
+    (:func:`load_query_encoder`), so it never imports sentence-transformers, which was most of the
+    start of every worker and Ray search replica. A writer prepares it as it opens, and on a CPU
+    needs no model either once a load has checked the trace (:class:`OnnxDocumentEncoder`)."""
 
     def __init__(self, name: str, device: str) -> None:
         self.name, self.device = name, device
         self._model = None
+        self._trace: OnnxDocumentEncoder | None = None
+        self._tokenizer = None
         self._loading = threading.Lock()
+
+    def prepare(self) -> None:
+        """Ready to embed now, not in the first write's time: on a CPU the checked fp32 trace when
+        there is one, else the model."""
+        if self._model is None and self._trace is None and self.device == "cpu":
+            self._trace = OnnxDocumentEncoder.checked(resolve_model(self.name), self.device)
+        if self._trace is None:
+            self.load()
 
     def load(self):
         """The sentence-transformers model, loaded now if not yet (once, whoever asks first)."""
@@ -82,6 +93,28 @@ class DocumentEncoder:
         return self._model
 
     model = property(load)
+
+    def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = False, **options):
+        """``SentenceTransformer.encode``; normalised embeddings come from the trace when prepared with one."""
+        if self._trace is not None and normalize_embeddings:
+            return self._trace.encode(list(texts), batch_size)
+        return self.model.encode(texts, batch_size=batch_size, normalize_embeddings=normalize_embeddings, **options)
+
+    def get_embedding_dimension(self) -> int:
+        return self._trace.dimension if self._trace is not None else self.model.get_embedding_dimension()
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer; beside a trace, the same fast tokenizer in transformers' wrapper
+        (which, unlike the model, needs no torch)."""
+        if self._trace is None:
+            return self.model.tokenizer
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+            from transformers import PreTrainedTokenizerFast
+
+            self._tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(self._trace.spec))
+        return self._tokenizer
 
     def __getattr__(self, name: str):
         if name.startswith("_"):  # copy and pickle look for hooks before __init__ has run

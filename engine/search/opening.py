@@ -160,7 +160,7 @@ def open_view(settings: EngineSettings, role: Role = "reader", remotes: Remotes 
     )
     encoder = remotes.encoder or DocumentEncoder(manifest.encoder, retrieval_device)
     if role == "writer" and isinstance(encoder, DocumentEncoder):
-        encoder.load()  # it embeds what it is sent: loaded now, not in the first write's time
+        encoder.prepare()  # it embeds what it is sent
     query_encoder = remotes.query_encoder or load_query_encoder(
         encoder, manifest.encoder, retrieval_device, settings.query_encoder_runtime, settings.query_encoder_quantize
     )
