@@ -24,6 +24,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     create_model,
     field_validator,
     model_validator,
@@ -253,8 +254,6 @@ class Filters(BaseModel):
         return not (self.document_types or self.date_range or self.document_ids or not self.plain)
 
 
-
-
 def _bound(value: object) -> object:
     """A range's end: a finite number, or an ISO date or datetime (compared as ISO strings)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -267,13 +266,17 @@ def _bound(value: object) -> object:
         except ValueError:
             pass
         try:
-            return datetime.fromisoformat(value).isoformat()
+            return datetime.fromisoformat(value.upper()).isoformat()  # RFC 3339 allows a lower-case t and z
         except ValueError:
             raise ValueError(f"{value!r} is neither a number nor an ISO date (YYYY-MM-DD)") from None
     return _whole(value)
 
 
-Bound = Annotated[int | float | str, BeforeValidator(_bound)]
+# what the schema promises is what _bound takes: a number, an ISO date or an RFC 3339 date-time
+BOUND_SCHEMA = {
+    "anyOf": [{"type": "number"}, {"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}]
+}
+Bound = Annotated[int | float | str, BeforeValidator(_bound), WithJsonSchema(BOUND_SCHEMA)]
 
 
 class Condition(BaseModel):

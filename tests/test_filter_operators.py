@@ -13,7 +13,7 @@ from datetime import date, timedelta
 import pytest
 from pydantic import ValidationError
 
-from engine.documents import Filters, QueryRequest, SearchFilters, SearchRequest, problems, unit_id
+from engine.documents import Condition, Filters, QueryRequest, SearchFilters, SearchRequest, problems, unit_id
 from engine.store.docstore import DocStore, matching_sql
 
 KINDS = ["review", "guideline", "trial", "note"]
@@ -169,6 +169,23 @@ def test_bad_operators_name_the_field(filters, names) -> None:
     with pytest.raises(ValidationError) as caught:
         SearchRequest.model_validate({"query": "q", "filters": filters})
     assert names in problems(caught.value)
+
+
+@pytest.mark.parametrize("bound", [2020, -1.5, "2020-01-02", "2020-01-02T03:04:05Z", "2020-01-02t03:04:05.25+01:00"])
+def test_a_range_bound_the_schema_allows_is_taken(bound) -> None:
+    """The published schema's bound (a number, an ISO date, an RFC 3339 date-time), checked with
+    formats as schemathesis checks it, is what a filter takes; other strings are refused by both."""
+    import jsonschema_rs
+
+    schema = jsonschema_rs.validator_for(
+        Condition.model_json_schema(by_alias=True)["properties"]["gte"], validate_formats=True
+    )
+    assert schema.is_valid(bound)
+    assert SearchRequest.model_validate({"query": "q", "filters": {"k": {"gte": bound}}}).filters
+    for other in ("last week", "2020-13-01"):
+        assert not schema.is_valid(other)
+        with pytest.raises(ValidationError):
+            SearchRequest.model_validate({"query": "q", "filters": {"k": {"gte": other}}})
 
 
 def test_search_nfcorpus_keeps_todays_filters() -> None:
