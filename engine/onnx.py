@@ -272,8 +272,9 @@ class OnnxDocumentEncoder:
     embeds them, by the query encoder's fp32 trace once a load has checked it against the model to
     ``DOCUMENT_COSINE``: a writer on a CPU then opens without importing sentence-transformers (most
     of its start), and its vectors differ from torch's by float noise, as a batch's padding already
-    makes torch's own differ. Each batch is padded to its longest text and run on ONNX Runtime's
-    default pool (a batch, unlike a query, fills the cores)."""
+    makes torch's own differ. Each batch is padded to its longest text and run on as many threads as
+    torch would take (a batch, unlike a query, fills them): the process's share of the cores where
+    ``OMP_NUM_THREADS`` says it (``serve --workers`` sets it), else ONNX Runtime's default."""
 
     def __init__(self, path: Path, tokenizer: str, max_length: int, device: str) -> None:
         from tokenizers import Tokenizer
@@ -283,7 +284,8 @@ class OnnxDocumentEncoder:
         padding = json.loads(tokenizer).get("padding") or {}
         self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0), pad_token=padding.get("pad_token", "[PAD]"))
         self.tokenizer.enable_truncation(max_length)
-        self.session = open_session(path, device, 0)
+        share = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP's form: "4" or "4,2"
+        self.session = open_session(path, device, int(share) if share.isdigit() else 0)
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.dimension = int(self.session.get_outputs()[0].shape[-1])
 
