@@ -245,8 +245,7 @@ class OnnxQueryEncoder:
     def __call__(self, text: str) -> np.ndarray:
         """The (1, dim) float32 embedding of ``text``."""
         e = self.tokenizer.encode(text)
-        columns = {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
-        return self.session.run(None, {name: np.asarray([columns[name]], dtype=np.int64) for name in self.inputs})[0]
+        return self.session.run(None, _feed([e], self.inputs))[0]
 
 
 def checked_trace(source: str, int8: bool = False) -> tuple[Path, dict] | None:
@@ -304,10 +303,17 @@ class OnnxDocumentEncoder:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
             encoded = self.tokenizer.encode_batch(texts[start : start + batch_size])
-            columns = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
-            feed = {n: np.asarray([getattr(e, columns[n]) for e in encoded], dtype=np.int64) for n in self.inputs}
-            out[start : start + len(encoded)] = self.session.run(None, feed)[0]
+            out[start : start + len(encoded)] = self.session.run(None, _feed(encoded, self.inputs))[0]
         return out
+
+
+# an encoder graph's inputs, as the fast tokenizer's ``Encoding`` names them
+_COLUMNS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+
+
+def _feed(encoded: list, inputs: list[str]) -> dict[str, np.ndarray]:
+    """The (rows, length) int64 inputs of an encoder graph from equally long tokenizer ``Encoding``s."""
+    return {name: np.asarray([getattr(e, _COLUMNS[name]) for e in encoded], dtype=np.int64) for name in inputs}
 
 
 def _check_file(trace: Path) -> Path:
