@@ -131,7 +131,7 @@ def quantized_encoder(trace: Path) -> Path:
     again when the trace changed (its size and mtime, recorded in the copy) or the recipe did;
     atomically, as a trace is."""
     target = trace.with_name(ENCODER_INT8_FILE)
-    made_from = _made(trace)
+    made_from = made_as(trace)
     wanted = {TRACE_KEY: ENCODER_INT8_RECIPE, SOURCE_KEY: made_from}
     if target.is_file() and wanted.items() <= metadata(target).items():
         return target
@@ -161,6 +161,16 @@ def quantized_encoder(trace: Path) -> Path:
         partial.unlink(missing_ok=True)
     log.info("query encoder quantized to int8: %s", target)
     return target
+
+
+def fast_tokenizer(spec: str, pad_token: str | None = None):
+    """The fast tokenizer of the pipeline ``spec`` (a ``tokenizer.json``) in transformers' wrapper,
+    which the pair and text tokenizers take: what a model's own gives them, made without the model
+    (or torch, which transformers' AutoTokenizer imports)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), pad_token=pad_token)
 
 
 def open_session(path: Path, device: str, threads: int):
@@ -236,7 +246,10 @@ class OnnxQueryEncoder:
         target = _check_file(self.path)
         partial = target.with_suffix(f".{os.getpid()}.partial")
         try:
-            made = {"file": _made(self.path), "trace": _made(self.path.with_name(ENCODER_FILE))}  # an int8 copy's too
+            made = {
+                "file": made_as(self.path),
+                "trace": made_as(self.path.with_name(ENCODER_FILE)),
+            }  # an int8 copy's too
             partial.write_text(json.dumps(made | {"probe_cosine": cosine, **self._fed}))
             partial.replace(target)
         except OSError as exc:
@@ -259,7 +272,7 @@ def checked_trace(source: str, int8: bool = False) -> tuple[Path, dict] | None:
     try:
         record = json.loads(_check_file(path).read_text())
         checked_as = (record.get("file"), record.get("trace"))
-        if checked_as != (_made(path), _made(trace)):  # an int8 copy of an earlier trace: made again
+        if checked_as != (made_as(path), made_as(trace)):  # an int8 copy of an earlier trace: made again
             return None
     except (OSError, ValueError):
         return None
@@ -271,11 +284,10 @@ class OnnxDocumentEncoder:
     embeds them, by the query encoder's fp32 trace once a load has checked it against the model to
     ``DOCUMENT_COSINE``: a writer on a CPU then opens without importing sentence-transformers (most
     of its start), and its vectors differ from torch's by float noise, as a batch's padding already
-    makes torch's own differ. Each batch is padded to its longest text and run on as many threads as
-    torch would take (a batch, unlike a query, fills them): the process's share of the cores where
-    ``OMP_NUM_THREADS`` says it (``serve --workers`` sets it), else ONNX Runtime's default."""
+    makes torch's own differ. Each batch is padded to its longest text and run on ``threads``
+    (a batch, unlike a query, fills them; 0: ONNX Runtime's default)."""
 
-    def __init__(self, path: Path, tokenizer: str, max_length: int, device: str) -> None:
+    def __init__(self, path: Path, tokenizer: str, max_length: int, device: str, threads: int = 0) -> None:
         from tokenizers import Tokenizer
 
         self.spec = tokenizer
@@ -283,20 +295,19 @@ class OnnxDocumentEncoder:
         padding = json.loads(tokenizer).get("padding") or {}
         self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0), pad_token=padding.get("pad_token", "[PAD]"))
         self.tokenizer.enable_truncation(max_length)
-        share = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP's form: "4" or "4,2"
-        self.session = open_session(path, device, int(share) if share.isdigit() else 0)
+        self.session = open_session(path, device, threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.dimension = int(self.session.get_outputs()[0].shape[-1])
 
     @classmethod
-    def checked(cls, source: str, device: str) -> OnnxDocumentEncoder | None:
+    def checked(cls, source: str, device: str, threads: int = 0) -> OnnxDocumentEncoder | None:
         """The encoder of ``source``'s fp32 trace, or None: none checked (:func:`checked_trace`), or
         checked further from the model than ``DOCUMENT_COSINE``."""
         found = checked_trace(source)
         if found is None or float(found[1].get("probe_cosine", 0)) < DOCUMENT_COSINE:
             return None
         path, record = found
-        return cls(path, record["tokenizer"], int(record["max_length"]), device)
+        return cls(path, record["tokenizer"], int(record["max_length"]), device, threads)
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         """The (n, dim) float32 embeddings of ``texts``, ``batch_size`` at a time in the given order."""
@@ -320,7 +331,7 @@ def _check_file(trace: Path) -> Path:
     return trace.with_suffix(".checked.json")
 
 
-def _made(path: Path) -> str:
+def made_as(path: Path) -> str:
     """A file as it is now: its size and modification time (a trace made again changes both)."""
     stat = path.stat()
     return f"{stat.st_size}:{stat.st_mtime_ns}"

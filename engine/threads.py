@@ -18,3 +18,11 @@ def for_queries() -> None:
     the tokenizer and smoothed int8" (OpenMP workers spinning).
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def share() -> int | None:
+    """Threads a pool of this process should take: the first value of ``OMP_NUM_THREADS`` where it
+    is set (``serve --workers`` sets each process's share of the cores, as torch and OpenMP read
+    it), else None (the library's own default)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP's form: "4" or "4,2"
+    return int(value) if value.isdigit() and int(value) > 0 else None

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from engine.live.writer import Writer
-from engine.rerank.cross_encoder import PairPreparer
+from engine.rerank.cross_encoder import PairPreparer, pair_tokenizer
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.token_rows import TokenRows, WireRows
 from engine.retrieval.encoder import resolve_model
@@ -136,12 +136,10 @@ class RemoteReranker(PairPreparer):
     itself (:data:`DESCRIBED`)."""
 
     def __init__(self, transport: Transport, described: dict, settings: EngineSettings, timeout_s: float) -> None:
-        from transformers import AutoTokenizer
-
         self.transport, self.timeout_s = transport, timeout_s
         for key in DESCRIBED:
             setattr(self, key, described.get(key))
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.name))
+        tokenizer = pair_tokenizer(resolve_model(self.name))
         cache = PairCache(settings.rerank_cache_size, settings.rerank_cache_s) if settings.rerank_cache_size else None
         super().__init__(tokenizer, self.max_length, cache)
         self.process_seconds = 0.0

@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, wait
 import numpy as np
 
 from engine.rerank.token_rows import WireRows
+from engine.retrieval.encoder import pick_device
 from serving.remotes import DESCRIBED
 from serving.settings import Settings
 from serving.signals import sleep_until
@@ -47,17 +48,13 @@ QUERY_BATCH = 64  # queries encoded in one pass at most
 
 def shared(settings: Settings) -> bool:
     """Whether ``serve --workers N`` runs the reranker in a process of its own (``shared_reranker``).
-    ``auto`` with ``--device auto`` asks torch whether there is a GPU: the supervisor imports torch
-    then (no CUDA context is made; its children are spawned, not forked)."""
+    ``auto`` with ``--device auto`` asks whether there is a GPU (:func:`pick_device`: torch, where a
+    GPU driver shows; no CUDA context is made, and its children are spawned, not forked)."""
     if settings.serving.worker_count() < 2 or not settings.engine.reranker_wanted:
         return False
     if settings.serving.shared_reranker != "auto":
         return settings.serving.shared_reranker == "on"
-    if settings.engine.device != "auto":
-        return settings.engine.device == "cuda"
-    import torch
-
-    return torch.cuda.is_available()
+    return pick_device(settings.engine.device) == "cuda"
 
 
 def run_reranker(channel: Channel, settings: Settings, messages: Connection, levels: dict[str, int]) -> None:
@@ -76,7 +73,6 @@ def run_reranker(channel: Channel, settings: Settings, messages: Connection, lev
         os.environ.setdefault(name, threads)
     from engine.rerank.batching import RerankBatcher, sent_rows  # after the variables above: torch reads them
     from engine.rerank.loading import open_reranker
-    from engine.retrieval.encoder import pick_device
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

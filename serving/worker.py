@@ -19,10 +19,10 @@ import threading
 import time
 from multiprocessing.connection import Connection, wait
 
-import torch
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
+from engine import threads
 from engine.live.writer import Writer
 from engine.search.opening import Remotes
 from serving import telemetry
@@ -65,7 +65,7 @@ class WorkerService(SearchService):
         """Also, with a shared reranker, whether its process answers: ``degraded`` while it does not
         (queries are answered in the fused order until the supervisor has started it again)."""
         seat = self.seat
-        worker = {"index": seat.index, "pid": os.getpid(), "role": seat.role, "threads": torch.get_num_threads()}
+        worker = {"index": seat.index, "pid": os.getpid(), "role": seat.role, "threads": threads.share()}
         found = {**super().health(), "worker": worker, "workers": seat.count}
         if self.shared_reranker is not None:
             process = self.shared_reranker.status()

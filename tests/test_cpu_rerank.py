@@ -11,6 +11,7 @@ import torch
 from engine.rerank.cross_encoder import Reranker, RerankerError
 from engine.rerank.int8 import PLAIN, SMOOTHED, recipe
 from engine.rerank.pair_cache import PairCache
+from engine.rerank.plan import native_bf16, plan_reranker
 from engine.search import HybridEngine
 from engine.settings import EngineSettings
 from index_build.train_reranker import CARD_FILE, TrainOptions, _keep_layers, train
@@ -150,10 +151,13 @@ def test_bf16_ranks_as_fp32(reranker_dir, engine):
     assert spearmanr(a, b)[0] > 0.98 and np.abs(a - b).max() < 0.05 * (a.max() - a.min())
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16(reranker_dir, monkeypatch, native):
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):  # the CPU as torch reads it
-        monkeypatch.setattr(torch.cpu, probe, lambda native=native: native)
+def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16(reranker_dir):
+    native = native_bf16()  # the kernel's CPU flags, read without importing torch: they say what torch's probes say
+    assert native == any(
+        getattr(torch.cpu, p, lambda: False)() for p in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+    assert plan_reranker("cpu", bf16_native=True).runtime == "torch-bf16"
+    assert plan_reranker("cpu", bf16_native=False).runtime == "onnx"
     assert Reranker(reranker_dir, "cpu", max_length=32).runtime == ("torch-bf16" if native else "onnx")
     assert Reranker(reranker_dir, "cpu", max_length=32, runtime="onnx").runtime == "onnx"  # asked for, kept
     assert Reranker(reranker_dir, "cpu", max_length=32, runtime="torch").runtime == "torch"  # fp32, as trained
@@ -210,7 +214,7 @@ def test_long_passages_are_cut_before_tokenizing_without_changing_scores(reranke
     words = "caffeine intake was associated with lower liver enzyme levels in the cohort".split()
     passage = " ".join(words[i % len(words)] for i in range(2000))  # ~13,000 characters
     pairs = [("coffee", passage[::-1]), ("coffee and the liver", passage)]  # the order the model batches them in
-    whole = reranker.backend.onnx.tokenize(pairs)
+    whole = reranker.tokenize(pairs)
     assert reranker.logits(pairs) == [float(s) for s in reranker.backend.onnx.run(whole)]
 
 
@@ -313,9 +317,10 @@ def test_smoothing_moves_range_into_the_weights_without_changing_the_function(re
 
     from engine.rerank.int8 import _activation_maxima, _smooth, _weighted_products
 
-    traced = Reranker(reranker_dir, "cpu", max_length=64, quantize="none").backend.onnx
+    reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
+    traced = reranker.backend.onnx
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
-    feed = traced.tokenize([("coffee and liver enzymes", d) for d in docs])
+    feed = reranker.tokenize([("coffee and liver enzymes", d) for d in docs])
     feed = {name: feed[name] for name in traced.inputs}
     model = onnx.load(str(traced.path))
     products = _weighted_products(model)
@@ -354,7 +359,7 @@ def test_the_first_token_pass_gives_the_whole_models_logits(reranker_dir, engine
     reranker = Reranker(reranker_dir, "cpu", max_length=64, quantize="none")
     docs = [c.contents for c in engine.store.chunks(engine.dense.units.unit_ids()).values()]
     pairs = [("coffee and liver enzymes", d) for d in docs] + [("soy", "tofu")]  # padded rows in the batch
-    features = {k: torch.from_numpy(v) for k, v in reranker.backend.onnx.tokenize(pairs).items()}
+    features = {k: torch.from_numpy(v) for k, v in reranker.tokenize(pairs).items()}
     with torch.inference_mode():
         whole, first = model(**features).logits, FirstTokenLogits.of(model)(**features)
     assert features["attention_mask"].min() == 0 and torch.allclose(whole, first, atol=1e-5)
@@ -380,3 +385,43 @@ def test_bf16_scores_a_cross_encoder_the_first_token_pass_does_not_know(reranker
     pairs = [("coffee", "coffee and the liver"), ("soy", "tofu and soy milk"), ("tea", "green tea")]
     assert bf16.backend.first_token is None and bf16.runtime == "torch-bf16"  # the whole model runs, in bf16
     assert np.allclose(bf16.logits(pairs), fp32.logits(pairs), atol=0.05)
+
+
+def test_a_reranker_on_onnx_starts_from_its_trace_without_the_model(reranker_dir, tmp_path):
+    """Once a load has traced the model, a reranker on ONNX Runtime starts in a fresh process from
+    the facts kept beside the trace and the tokenizer, importing neither sentence-transformers nor
+    torch, and scores as the loaded one; a window the facts do not know loads the model once, and
+    weights newer than the trace make the facts stale."""
+    import os
+    import subprocess
+    import sys
+
+    from engine.rerank.onnx import ModelFacts
+    from offline.server_process import ROOT
+
+    folder = shutil.copytree(reranker_dir, tmp_path / "reranker")
+    query, passages = "coffee and liver enzymes", ["coffee lowers liver enzymes", "statins and muscle pain", "x " * 400]
+    loaded = Reranker(str(folder), "cpu", max_length=64, quantize="none")  # traces the model, keeps its facts
+
+    def fresh(window: int | None) -> dict:
+        code = (
+            "import json, sys; from engine.rerank.cross_encoder import Reranker;"
+            f" r = Reranker({str(folder)!r}, 'cpu', max_length={window!r}, quantize='none');"
+            f" scores = r.score({query!r}, {passages!r});"
+            " print(json.dumps({'scores': scores, 'window': r.max_length, 'gflop': r.gflop_per_pair,"
+            " 'runtime': r.runtime, 'imported': [m for m in ('sentence_transformers', 'torch') if m in sys.modules]}))"
+        )
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.splitlines()[-1])
+
+    started = fresh(64)
+    assert started["imported"] == [] and started["runtime"] == "onnx"
+    assert started["scores"] == loaded.score(query, passages)
+    assert (started["window"], started["gflop"]) == (loaded.max_length, loaded.gflop_per_pair)
+    own = Reranker(str(folder), "cpu", quantize="none")  # the model's own window: loaded here, not yet kept
+    assert fresh(None)["imported"] == []  # kept by the load above
+    assert fresh(None)["window"] == own.max_length and own.max_length != 64
+    weights = folder / "model.safetensors"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 60))  # retrained after the trace
+    assert ModelFacts.recorded(str(folder)) is None

@@ -1,16 +1,20 @@
-"""Cross-encoder reranking with sentence-transformers' ``CrossEncoder``."""
+"""Cross-encoder reranking with sentence-transformers' ``CrossEncoder``, loaded only where it runs
+(torch) or has to be traced: a start on ONNX Runtime with its trace current reads the tokenizer and
+the facts kept beside the trace (:class:`~engine.rerank.onnx.ModelFacts`)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from engine.onnx import onnx_path
 from engine.rerank.backends import OnnxBackend, TorchBackend
-from engine.rerank.onnx import OnnxCrossEncoder, Pairs
+from engine.rerank.onnx import ACTIVATIONS, ModelFacts, OnnxCrossEncoder, Pairs, trace_model
 from engine.rerank.pair_assembly import PairAssembler, PassageTokens
 from engine.rerank.pair_cache import PairCache
 from engine.rerank.pair_tokens import PairRow, PairTokenizer
@@ -180,29 +184,34 @@ class Reranker(PairPreparer):
         batch_tokens: int = 0,
         cuda_graphs: bool = True,
     ) -> None:
-        from sentence_transformers import CrossEncoder
-
         source = resolve_model(name)
         if Path(name).exists() and not (Path(name) / "config.json").is_file():
             raise RerankerError(f"{name}: not a model folder (no config.json)")
         card = _read_card(Path(source) / CARD_FILE)
         bf16_native = device == "cpu" and native_bf16()
         plan = plan_reranker(device, runtime, quantize, compile_model, card["cpu_quantize"], bf16_native, cuda_graphs)
-        try:
-            self.model = CrossEncoder(
-                source, device="cpu" if plan.backend == "onnx" else device, max_length=max_length, num_labels=1
-            )
-        except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
-            raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
+        self.name, self.source, self._asked_length = name, source, max_length
+        self._model, self._loading = None, threading.Lock()
+        self._model_device = "cpu" if plan.backend == "onnx" else device  # ONNX Runtime traces on the CPU
+        facts = ModelFacts.recorded(source) if plan.backend == "onnx" else None
+        if facts is None or (max_length is None and facts.max_seq_length is None):
+            facts, tokenizer = None, self.model.tokenizer  # loads the model
+        else:
+            tokenizer = facts.fast_tokenizer()
+        own = max_length or (facts.max_seq_length if facts else self.model.max_seq_length)
+        sizes = facts.sizes if facts else ModelFacts.sizes_of(self.model)
         # unset: the length the model was saved with (what `train-reranker` trained), within its positions
-        positions = getattr(self.model.transformers_model.config, "max_position_embeddings", 512)
-        self.model.max_seq_length = min(self.model.max_seq_length or positions, positions, length_cap or positions)
-        super().__init__(self.model.tokenizer, self.model.max_seq_length, cache)
+        positions = sizes.get("max_position_embeddings") or 512
+        super().__init__(tokenizer, min(own or positions, positions, length_cap or positions), cache)
+        if self._model is not None:
+            self._model.max_seq_length = self.max_length
         self.backend: OnnxBackend | TorchBackend
         if plan.backend == "onnx":
             try:
-                quantize = "int8" if plan.precision == "int8" else "none"
-                onnx = OnnxCrossEncoder(self.model, source, device, self.max_length, quantize, calibration)
+                path = onnx_path(source, facts.trace) if facts else self._traced(None if max_length else own)
+                onnx = OnnxCrossEncoder(
+                    path, self.tokenize, device, "int8" if plan.precision == "int8" else "none", calibration
+                )
                 self.backend = OnnxBackend(onnx, plan, batch_size, self.tokenize.pad_id)
             except Exception as exc:  # tracing or the runtime failed: say so, and why
                 if not plan.torch_if_onnx_fails:
@@ -213,10 +222,33 @@ class Reranker(PairPreparer):
             self.backend = TorchBackend(model, plan, batch_size, self.max_length, pad_id, batch_tokens)
         for note in plan.notes:
             log.warning("reranker %s: %s", name, note)
+        self.sizes = sizes
+        self.activation = ACTIVATIONS.get(facts.activation if facts else type(self.model.activation_fn).__name__)
         self.plan = plan
         self.runtime = plan.runtime
-        self.name = name
         self.memory_context: int = card["memory_context"]
+
+    @property
+    def model(self):
+        """The sentence-transformers ``CrossEncoder``, loaded now if not yet (once, whoever asks
+        first): the torch backend runs it; on ONNX Runtime only a start without facts kept needs it."""
+        if self._model is None:
+            with self._loading:
+                if self._model is None:
+                    self._model = _load(self.name, self.source, self._model_device, self._asked_length)
+                    if hasattr(self, "max_length"):
+                        self._model.max_seq_length = self.max_length
+        return self._model
+
+    def _traced(self, window: int | None) -> Path:
+        """The model's current trace (made now if none is), its facts kept beside it; ``window``:
+        the model's own (None: a window was asked for, so the one kept before stands)."""
+        path = trace_model(self.model, self.source)
+        known = ModelFacts.recorded(self.source)
+        facts = ModelFacts.of(self.model, path, window if window is not None else known and known.max_seq_length)
+        if facts is not None and facts != known:
+            facts.keep(self.source)
+        return path
 
     @property
     def device(self) -> str:
@@ -232,14 +264,16 @@ class Reranker(PairPreparer):
         return self.backend.compile_state
 
     @property
-    def gflop_per_pair(self) -> float:
+    def gflop_per_pair(self) -> float | None:
         """A pair's work at the window, in GFLOP: each token through every layer's weights, and the
         attention's two products over the window (the embeddings are lookups); what depth x window
-        costs a query (docs/gpu.md)."""
-        config = self.model.transformers_model.config
-        width, length = config.hidden_size, self.max_length
-        per_token = 4 * width * width + 2 * width * config.intermediate_size
-        return round(2 * config.num_hidden_layers * (per_token * length + 2 * length * length * width) / 1e9, 3)
+        costs a query (docs/gpu.md). None for a model whose config does not give its sizes."""
+        sizes, length = self.sizes, self.max_length
+        if not {"hidden_size", "intermediate_size", "num_hidden_layers"} <= sizes.keys():
+            return None
+        width = sizes["hidden_size"]
+        per_token = 4 * width * width + 2 * width * sizes["intermediate_size"]
+        return round(2 * sizes["num_hidden_layers"] * (per_token * length + 2 * length * length * width) / 1e9, 3)
 
     @property
     def running(self) -> dict:
@@ -251,9 +285,11 @@ class Reranker(PairPreparer):
         return self._start(rows, lengths)()
 
     def _start(self, rows: TokenRows, lengths: list[int]) -> Callable[[], list[float]]:
+        logits = self.backend.launch(rows, lengths)
+        if self.activation is not None:
+            return lambda: self.activation(logits()).tolist()
         import torch
 
-        logits = self.backend.launch(rows, lengths)
         return lambda: [float(s) for s in self.model.activation_fn(torch.from_numpy(logits()))]
 
     def logits(self, pairs: list[tuple[str, str]]) -> list[float]:
@@ -266,6 +302,28 @@ class Reranker(PairPreparer):
 
     def _logits(self, rows: TokenRows, lengths: list[int]) -> list[float]:
         return [float(s) for s in self.backend.logits(rows, lengths)]
+
+
+def _load(name: str, source: str, device: str, max_length: int | None):
+    """The ``CrossEncoder`` of ``source`` (one score a pair) on ``device``."""
+    from sentence_transformers import CrossEncoder
+
+    try:
+        return CrossEncoder(source, device=device, max_length=max_length, num_labels=1)
+    except Exception as exc:  # the libraries raise many kinds; the user needs the name and cause
+        raise RerankerError(f"cannot load reranker {name!r}: {exc}") from exc
+
+
+def pair_tokenizer(source: str):
+    """The tokenizer the reranker at ``source`` makes its pairs with, for a process that leaves the
+    model to another: from the facts kept beside its trace where there are some (no torch), else
+    loaded from its folder."""
+    facts = ModelFacts.recorded(source)
+    if facts is not None:
+        return facts.fast_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)
 
 
 def _read_card(card: Path) -> dict:

@@ -124,7 +124,15 @@ def _auto_precision(card_quantize: str, device: str, runtime: str, bf16_native: 
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), where a bf16 model runs
-    more pairs a second than fp32 (docs/cpu-reranking.md); elsewhere bf16 is emulated and slower."""
+    more pairs a second than fp32 (docs/cpu-reranking.md); elsewhere bf16 is emulated and slower.
+    On Linux the kernel's CPU flags say it; elsewhere torch's own probes are asked (importing torch)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is not None:
+        return bool({"avx512_bf16", "amx_bf16"} & set(flags))
     import torch
 
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes (2.x)

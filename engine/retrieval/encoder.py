@@ -7,6 +7,7 @@ Users with a model hub pass any id; offline, the default MiniLM resolves to the 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.onnx import OnnxDocumentEncoder, OnnxQueryEncoder
+from engine import threads
+from engine.onnx import OnnxDocumentEncoder, OnnxQueryEncoder, fast_tokenizer
 from engine.settings import DEFAULT_ENCODER
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,11 @@ def resolve_model(name: str) -> str:
 
 
 def pick_device(wanted: str) -> str:
-    """``auto`` means CUDA when torch sees a GPU, else CPU; an explicit ``cuda`` must exist (``cpu``
-    is taken as said, without importing torch)."""
-    if wanted == "cpu":
-        return wanted
+    """``auto`` means CUDA when torch sees a GPU, else CPU; an explicit ``cuda`` must exist. ``cpu``,
+    and ``auto`` on a Linux machine with no GPU driver, are answered without importing torch (two
+    seconds of a process's start)."""
+    if wanted == "cpu" or (wanted == "auto" and not _gpu_driver()):
+        return "cpu"
     import torch
 
     if wanted == "auto":
@@ -49,6 +52,15 @@ def pick_device(wanted: str) -> str:
     if wanted == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for, but torch sees no CUDA GPU")
     return wanted
+
+
+# what a GPU driver leaves on Linux: NVIDIA's kernel module, WSL's GPU, ROCm's (torch.cuda runs on HIP)
+_GPU_DRIVERS = ("/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
+
+
+def _gpu_driver() -> bool:
+    """Whether torch could see a GPU here: on Linux, only where a GPU driver shows; elsewhere torch is asked."""
+    return sys.platform != "linux" or any(Path(p).exists() for p in _GPU_DRIVERS)
 
 
 def load_encoder(name: str, device: str):
@@ -78,9 +90,9 @@ class DocumentEncoder:
 
     def prepare(self) -> None:
         """Ready to embed now, not in the first write's time: on a CPU the checked fp32 trace when
-        there is one, else the model."""
+        there is one, on the threads torch would take (the process's share of the cores), else the model."""
         if self._model is None and self._trace is None and self.device == "cpu":
-            self._trace = OnnxDocumentEncoder.checked(resolve_model(self.name), self.device)
+            self._trace = OnnxDocumentEncoder.checked(resolve_model(self.name), self.device, threads.share() or 0)
         if self._trace is None:
             self.load()
 
@@ -110,10 +122,7 @@ class DocumentEncoder:
         if self._trace is None:
             return self.model.tokenizer
         if self._tokenizer is None:
-            from tokenizers import Tokenizer
-            from transformers import PreTrainedTokenizerFast
-
-            self._tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(self._trace.spec))
+            self._tokenizer = fast_tokenizer(self._trace.spec)
         return self._tokenizer
 
     def __getattr__(self, name: str):
