@@ -235,3 +235,25 @@ def test_a_writer_embeds_documents_from_the_checked_trace_as_the_model_does(inde
     found, vectors, imported = json.loads(run.stdout.splitlines()[-1])
     assert found == ["q1"] and imported == []
     assert np.abs(np.asarray(vectors) - encode(minilm, QUERIES, 3)).max() < 1e-5
+
+
+def test_auto_device_is_the_cpu_without_torch_where_no_gpu_driver_shows():
+    """``--device auto`` asks torch whether it sees a GPU only where a GPU driver shows: elsewhere the
+    answer is the CPU, without the seconds of importing torch (every process that searches asks)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from engine.retrieval.encoder import _GPU_DRIVERS
+    from offline.server_process import ROOT
+
+    code = (
+        "import sys; from engine.retrieval.encoder import pick_device;"
+        " print(pick_device('auto'), 'torch' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    device, imported = run.stdout.split()
+    assert device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert imported == str(any(Path(p).exists() for p in _GPU_DRIVERS))
