@@ -246,10 +246,8 @@ class OnnxQueryEncoder:
         target = _check_file(self.path)
         partial = target.with_suffix(f".{os.getpid()}.partial")
         try:
-            made = {
-                "file": made_as(self.path),
-                "trace": made_as(self.path.with_name(ENCODER_FILE)),
-            }  # an int8 copy's too
+            trace = self.path.with_name(ENCODER_FILE)  # an int8 copy's trace is recorded too
+            made = {"file": made_as(self.path), "trace": made_as(trace)}
             partial.write_text(json.dumps(made | {"probe_cosine": cosine, **self._fed}))
             partial.replace(target)
         except OSError as exc:
